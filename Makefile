@@ -1,0 +1,44 @@
+# Every target bootstraps .venv itself, so each works on a fresh clone.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Debian packages the test suite drives for real.
+TEST_SYSTEM_PACKAGES :=
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: serve test bench lint system-deps
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch goes first and pinned: anything unpinned would pull a multi-GB CUDA build.
+$(VENV)/.runtime: pyproject.toml | $(PY)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime
+	$(PIP) install --quiet -e '.[test,dev]'
+	touch $@
+
+system-deps:
+	@missing=""; for p in $(TEST_SYSTEM_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+serve: $(VENV)/.runtime
+	$(VENV)/bin/duplex serve
+
+test: $(VENV)/.test system-deps
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.runtime
+	$(VENV)/bin/duplex bench
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check .

@@ -1,0 +1,64 @@
+"""The `duplex` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from duplex import __version__
+from duplex.config import ConfigError, load_settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from duplex.serve import serve
+
+    cli: dict[str, Any] = {}
+    if args.host is not None:
+        cli.setdefault("server", {})["host"] = args.host
+    if args.port is not None:
+        cli.setdefault("server", {})["port"] = args.port
+    if args.model is not None:
+        cli.setdefault("model", {})["name"] = args.model
+    settings = load_settings(args.config, cli=cli)
+    serve(settings)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duplex",
+        description="Real-time full-duplex voice/video session server for Thinker-Talker models.",
+    )
+    parser.add_argument("--version", action="version", version=f"duplex {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the server. Settings come from the embedded defaults, then --config, "
+        "then DUPLEX_* environment variables (DUPLEX_SERVER__PORT=9000), then these flags.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML config file (see configs/)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    serve.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory",
+    )
+    serve.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"duplex: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Typed settings, layered: embedded defaults < --config FILE < DUPLEX_* environment < CLI flags.
+
+Every layer is validated on its own so an error names where the bad key or value came from.
+Environment variables spell a nested key with a double underscore: DUPLEX_SERVER__PORT=9000.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "DUPLEX_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    shutdown_timeout_s: float = Field(5.0, gt=0)
+
+
+class ModelSettings(_Section):
+    name: str = "tiny-omni"
+    """echo, tiny-omni, tiny-moshi, or the path of a local checkpoint directory."""
+    cache_dir: str = ".models"
+    """Where the tiny random-weight checkpoints are built and found."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class StoreSettings(_Section):
+    backend: Literal["memory"] = "memory"
+
+
+class Settings(_Section):
+    server: ServerSettings = ServerSettings()
+    model: ModelSettings = ModelSettings()
+    store: StoreSettings = StoreSettings()
+
+
+class ConfigError(Exception):
+    """A bad setting; the message names the key and where it came from."""
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _validate(data: dict[str, Any], source: str) -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown key '{key}'")
+            else:
+                problems.append(f"'{key}': {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    cli: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    data = Settings().model_dump()
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            file_data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        data = _merge(data, file_data)
+        _validate(data, str(path))
+    env = env_overrides(os.environ if environ is None else environ)
+    if env:
+        data = _merge(data, env)
+        _validate(data, f"environment ({ENV_PREFIX}*)")
+    if cli:
+        data = _merge(data, cli)
+    return _validate(data, "command line")

@@ -1,0 +1,37 @@
+"""The live sessions of this process, so health, metrics and shutdown can see all of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+Closer = Callable[[str], Awaitable[None]]
+
+
+class SessionHub:
+    def __init__(self) -> None:
+        self._closers: dict[str, Closer] = {}
+
+    def __len__(self) -> int:
+        return len(self._closers)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._closers
+
+    def add(self, session_id: str, closer: Closer) -> None:
+        if session_id in self._closers:
+            raise KeyError(f"session {session_id} is already live")
+        self._closers[session_id] = closer
+
+    def discard(self, session_id: str) -> None:
+        self._closers.pop(session_id, None)
+
+    async def close_all(self, reason: str, timeout_s: float) -> None:
+        """Ask every session to close with `reason`; give up on stragglers after timeout_s."""
+        closers = list(self._closers.values())
+        if not closers:
+            return
+        tasks = [asyncio.ensure_future(close(reason)) for close in closers]
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()

@@ -1,0 +1,47 @@
+"""Run the app under uvicorn (uvloop, websockets) and exit 0 on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+
+import uvicorn
+
+from duplex.config import Settings
+from duplex.server import create_app
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after a clean shutdown, which makes the process
+        # exit -15; a graceful stop on SIGTERM is a success, so only ask the server to exit.
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self.handle_exit)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.server.host,
+        port=settings.server.port,
+        loop="uvloop",
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,
+        lifespan="on",
+        log_level=settings.server.log_level,
+        timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s) + 1,
+    )
+    _Server(config).run()

@@ -1,0 +1,112 @@
+"""Commands fed into the session core. Sample counts are integers on the session clock."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AudioReceived:
+    track: str
+    n_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrameReceived:
+    """A camera frame whose presentation time is `pts_sample` on the input audio clock."""
+
+    pts_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputConsumed:
+    """The encoder took `n` units (samples, or frames for video) out of the track's buffer."""
+
+    track: str
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputDropped:
+    track: str
+    n: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    at_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    at_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartResponse:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunkProduced:
+    """The model produced `n_samples` of reply audio (and the text spoken in it) in `epoch`."""
+
+    epoch: int
+    n_samples: int
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCompleted:
+    """The model finished generating the reply of `epoch`."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackAcknowledged:
+    """The listener has heard the output track up to `played_sample` (absolute)."""
+
+    played_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """The listener heard `audio_end_sample` samples of response `response_id`, no more."""
+
+    response_id: int
+    audio_end_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    reason: str = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The transport's clock reached `now_sample` on the input timeline."""
+
+    now_sample: int
+
+
+Command = (
+    AudioReceived
+    | VideoFrameReceived
+    | InputConsumed
+    | InputDropped
+    | SpeechStarted
+    | SpeechStopped
+    | StartResponse
+    | OutputChunkProduced
+    | ResponseCompleted
+    | PlaybackAcknowledged
+    | Truncate
+    | Cancel
+    | Close
+    | Tick
+)

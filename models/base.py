@@ -1,0 +1,103 @@
+"""The one interface every duplex model family implements.
+
+The engine drives a model through five batched stage calls. Each takes a list of per-session
+states (one per session in the batch, all distinct) and a list of inputs in the same order, runs
+ONE forward for the whole batch, and returns outputs in the same order. Per-session neural state
+(KV caches, codec carry state) lives in the `ModelState` the adapter hands out, so the engine can
+release it on an epoch bump or close and ask how many bytes it holds.
+
+Stage order for a Thinker-Talker turn:
+  encode_audio (user PCM chunks -> features) -> thinker_prefill (features into the Thinker KV)
+  on a response: thinker_decode (one text token per call) -> talker_step (one codec frame of
+  Q codebooks per call) -> codec_decode (codes -> PCM, streaming, carried state).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class ModelState:
+    """Per-session state an adapter keeps; `slots` names what it holds for `bytes_held`."""
+
+    session_id: str
+    slots: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ThinkerToken:
+    """One Thinker decode result: the text piece, what the Talker conditions on, and EOS."""
+
+    text: str
+    conditioning: Any
+    finished: bool
+
+
+@dataclass(frozen=True)
+class TalkerFrame:
+    """One Talker step: codes of shape (Q,) for one codec frame, or None when it produced none."""
+
+    codes: Any
+    finished: bool
+
+
+class DuplexModel(ABC):
+    name: str
+    input_rate: int
+    """Sample rate of the PCM `encode_audio` takes."""
+    output_rate: int
+    """Sample rate of the PCM `codec_decode` returns."""
+    input_chunk_samples: int
+    """Samples (at input_rate) per `encode_audio` chunk."""
+    frame_samples: int
+    """Output samples (at output_rate) per codec frame."""
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @abstractmethod
+    def new_state(self, session_id: str) -> ModelState: ...
+
+    @abstractmethod
+    def reset_response(self, state: ModelState) -> None:
+        """Drop everything of the current reply (Talker KV, codec carry): the epoch moved on."""
+
+    @abstractmethod
+    def free(self, state: ModelState) -> None:
+        """Release everything the session holds; `bytes_held` is 0 afterwards."""
+
+    @abstractmethod
+    def bytes_held(self, state: ModelState) -> int: ...
+
+    @abstractmethod
+    def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[Any]:
+        """Float32 mono chunks of `input_chunk_samples` at `input_rate` -> feature payloads."""
+
+    def encode_video(self, states: list[ModelState], frames: list[np.ndarray]) -> list[Any]:
+        """RGB uint8 frames (H, W, 3) -> feature payloads. Models without vision return None."""
+        return [None for _ in frames]
+
+    @abstractmethod
+    def thinker_prefill(self, states: list[ModelState], features: list[Any]) -> None:
+        """Append encoded input to each session's Thinker context."""
+
+    @abstractmethod
+    def begin_response(self, state: ModelState) -> None:
+        """Close the user turn in the Thinker context and prepare the reply."""
+
+    @abstractmethod
+    def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]: ...
+
+    @abstractmethod
+    def talker_step(
+        self, states: list[ModelState], tokens: list[ThinkerToken | None]
+    ) -> list[TalkerFrame]:
+        """One codec frame per session; `tokens[i]` is new Thinker output or None if none came."""
+
+    @abstractmethod
+    def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:
+        """Codes (Q, T) per session -> float32 PCM of T * frame_samples at output_rate."""

@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex.media import (
+    Framer,
+    Resampler,
+    float_to_pcm16,
+    pcm16_to_float,
+    resample,
+)
+from duplex.media.pcm import PcmError
+
+
+def tone(rate: int, seconds: float = 0.5, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def test_pcm16_roundtrip_and_clipping():
+    data = np.array([-32768, -1, 0, 1, 32767], dtype="<i2").tobytes()
+    assert float_to_pcm16(pcm16_to_float(data)) == data
+    clipped = np.frombuffer(float_to_pcm16(np.array([2.0, -2.0])), dtype="<i2")
+    assert clipped.tolist() == [32767, -32768]
+
+
+def test_odd_length_pcm16_is_an_error():
+    with pytest.raises(PcmError, match="even number of bytes"):
+        pcm16_to_float(b"\x00\x01\x02")
+
+
+@pytest.mark.parametrize("src, dst", [(8000, 24000), (16000, 48000), (48000, 16000), (24000, 8000)])
+def test_resample_keeps_duration_and_pitch(src, dst):
+    out = resample(tone(src), src, dst)
+    assert abs(len(out) - len(tone(dst))) <= 1
+    spectrum = np.abs(np.fft.rfft(out))
+    peak_hz = np.argmax(spectrum) * dst / len(out)
+    assert abs(peak_hz - 440) < 5
+
+
+def test_streaming_resampler_matches_total_length_and_content():
+    signal = tone(48000, 1.0)
+    stream = Resampler(48000, 16000)
+    pieces = [stream.process(signal[i : i + 960]) for i in range(0, len(signal), 960)]
+    pieces.append(stream.process(np.zeros(0, np.float32), last=True))
+    out = np.concatenate(pieces)
+    assert len(out) == 16000
+    np.testing.assert_allclose(out[200:-200], resample(signal, 48000, 16000)[200:-200], atol=1e-3)
+
+
+def test_unsupported_rate_is_refused():
+    with pytest.raises(ValueError, match="unsupported sample rate 44100"):
+        resample(tone(8000), 44100, 16000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 700), max_size=30), st.integers(1, 500))
+def test_framer_carries_the_remainder(sizes, frame):
+    framer = Framer(frame)
+    source = np.arange(sum(sizes), dtype=np.float32)
+    out, pos = [], 0
+    for n in sizes:
+        out += framer.push(source[pos : pos + n])
+        pos += n
+    assert all(len(f) == frame for f in out)
+    rest = framer.flush()
+    assert len(rest) < frame
+    np.testing.assert_array_equal(np.concatenate([*out, rest]) if out else rest, source)

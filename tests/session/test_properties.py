@@ -1,0 +1,129 @@
+"""Invariants of the session core under arbitrary command sequences."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from duplex.session import (
+    AudioReceived,
+    Cancel,
+    Close,
+    InputConsumed,
+    InputDropped,
+    OutputChunk,
+    OutputChunkProduced,
+    PlaybackAcknowledged,
+    ResponseCompleted,
+    Session,
+    SessionError,
+    SpeechStarted,
+    SpeechStopped,
+    StartResponse,
+    Tick,
+    TranscriptTruncated,
+    Truncate,
+    VideoFrameReceived,
+)
+
+TRACKS = st.sampled_from(["mic", "camera_audio"])
+counts = st.integers(min_value=-5, max_value=5000)
+
+commands = st.one_of(
+    st.builds(AudioReceived, TRACKS, counts),
+    st.builds(VideoFrameReceived, st.integers(0, 200_000)),
+    st.builds(InputConsumed, TRACKS, counts),
+    st.builds(InputDropped, TRACKS, counts, st.sampled_from(["overflow", "rate", ""])),
+    st.builds(SpeechStarted, st.integers(0, 200_000)),
+    st.builds(SpeechStopped, st.integers(0, 200_000)),
+    st.just(StartResponse()),
+    st.builds(OutputChunkProduced, st.integers(0, 4), counts, st.text(max_size=3)),
+    st.builds(ResponseCompleted, st.integers(0, 4)),
+    st.builds(PlaybackAcknowledged, st.integers(0, 20_000)),
+    st.builds(Truncate, st.integers(0, 3), st.integers(0, 20_000)),
+    st.builds(Cancel, st.sampled_from(["client", "barge_in"])),
+    st.builds(Tick, st.integers(0, 200_000)),
+)
+run_settings = settings(
+    max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def apply(session, command):
+    try:
+        return session.handle(command)
+    except SessionError:
+        return None
+
+
+def check_accounting(session):
+    for track in session.tracks.values():
+        assert track.buffered >= 0
+        assert track.received == track.consumed + track.buffered + track.dropped_total
+
+
+@run_settings
+@given(st.lists(commands, max_size=40))
+def test_received_equals_consumed_plus_buffered_plus_dropped(cmds):
+    s = Session("p")
+    for cmd in cmds:
+        apply(s, cmd)
+        check_accounting(s)
+
+
+@run_settings
+@given(st.lists(commands, max_size=40))
+def test_playback_never_ahead_of_sent(cmds):
+    s = Session("p")
+    for cmd in cmds:
+        apply(s, cmd)
+        assert 0 <= s.played_samples <= s.sent_samples
+        for response in s.responses:
+            assert response.heard_samples is None or response.heard_samples <= response.sent_samples
+
+
+@run_settings
+@given(st.lists(commands, max_size=40))
+def test_no_chunk_of_an_old_epoch_after_a_bump(cmds):
+    s = Session("p")
+    for cmd in cmds:
+        epoch_before = s.epoch
+        events = apply(s, cmd) or []
+        for event in events:
+            if isinstance(event, OutputChunk):
+                assert event.epoch == s.epoch == epoch_before
+
+
+@run_settings
+@given(st.lists(commands, max_size=40))
+def test_truncation_point_equals_playback_watermark(cmds):
+    s = Session("p")
+    for cmd in cmds:
+        events = apply(s, cmd) or []
+        for event in events:
+            if isinstance(event, TranscriptTruncated):
+                response = s.responses[event.response_id]
+                assert response.start_sample + event.audio_end_sample == s.played_samples
+                assert event.heard_text == response.text_before(event.audio_end_sample)
+
+
+@run_settings
+@given(st.lists(commands, max_size=40))
+def test_after_close_nothing_is_held(cmds):
+    s = Session("p")
+    for cmd in cmds:
+        apply(s, cmd)
+    s.handle(Close())
+    assert all(n == 0 for _, n in s.held())
+    check_accounting(s)
+    for cmd in cmds[:5]:
+        assert apply(s, cmd) is None
+
+
+@run_settings
+@given(st.lists(commands, max_size=40), commands)
+def test_a_rejected_command_changes_no_state(cmds, last):
+    s = Session("p")
+    for cmd in cmds:
+        apply(s, cmd)
+    before = repr(vars(s))
+    if apply(s, last) is None:
+        assert repr(vars(s)) == before

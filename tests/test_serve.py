@@ -1,0 +1,36 @@
+"""`duplex serve` as a user runs it: a subprocess on a free port."""
+
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_answers_health_and_metrics_then_exits_zero(server_process, sig):
+    server = server_process("--model", "echo")
+    health = httpx.get(f"{server.url}/healthz").json()
+    assert health == {"status": "ok", "version": "0.1.0", "model": "echo", "active_sessions": 0}
+    metrics = httpx.get(f"{server.url}/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "duplex_active_sessions 0.0" in metrics.text
+    page = httpx.get(f"{server.url}/")
+    assert page.status_code == 200 and "<title>duplex</title>" in page.text
+    server.proc.send_signal(sig)
+    assert server.proc.wait(timeout=20) == 0
+
+
+def test_bad_config_stops_startup_naming_key_and_file(tmp_path):
+    cfg = tmp_path / "typo.toml"
+    cfg.write_text("[modle]\nname = 'echo'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"{cfg}: unknown key 'modle'" in result.stderr
