@@ -1,0 +1,15 @@
+"""The stage graph: per-stage queues, cross-session batching, state lifecycle, admission."""
+
+from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig
+from duplex.engine.scheduler import AudioOut, ResponseFinished, Scheduler, SchedulerConfig, Stage
+
+__all__ = [
+    "AdmissionRefused",
+    "AudioOut",
+    "Engine",
+    "EngineConfig",
+    "ResponseFinished",
+    "Scheduler",
+    "SchedulerConfig",
+    "Stage",
+]

@@ -1,0 +1,327 @@
+"""The engine's scheduler: plain data in, a plain-data step plan out, results applied after.
+
+Modelled on vLLM v1: `schedule(now)` returns which sessions each stage runs this step (slots,
+epochs, payloads); the executor runs one batched model call per stage; `update(plan, results)`
+routes each result to the next stage. No model and no threads here, so it is tested directly.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from duplex.engine.payload import INPUT_KINDS, Kind, Payload
+
+
+class Stage(StrEnum):
+    ENCODE = "encode"
+    PREFILL = "prefill"
+    THINKER = "thinker"
+    TALKER = "talker"
+    CODEC = "codec"
+
+
+# Downstream first: a frame already on its way out never waits behind new input.
+STAGE_ORDER = (Stage.CODEC, Stage.TALKER, Stage.THINKER, Stage.PREFILL, Stage.ENCODE)
+
+
+class EngineFull(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    session_id: str
+    slot: int
+    epoch: int
+    payload: Payload | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageBatch:
+    stage: Stage
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    session_id: str
+    kind: str
+    n: int
+    nbytes: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    begin: tuple[Entry, ...]
+    """Sessions whose reply starts this step: all their committed input is prefilled."""
+    batches: tuple[StageBatch, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.begin and not self.batches
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOut:
+    session_id: str
+    epoch: int
+    seq: int
+    pcm: Any
+    text: str
+    media_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFinished:
+    session_id: str
+    epoch: int
+    n_samples: int
+
+
+@dataclass
+class Response:
+    epoch: int
+    thinker_done: bool = False
+    talker_done: bool = False
+    emitted_samples: int = 0
+    first_audio_at: float | None = None
+    out_seq: int = 0
+
+
+@dataclass
+class SessionQueues:
+    session_id: str
+    slot: int
+    epoch: int = 0
+    queues: dict[Kind, deque[Payload]] = field(
+        default_factory=lambda: {kind: deque() for kind in Kind if kind is not Kind.PCM_OUT}
+    )
+    input_seq: int = 0
+    input_samples: int = 0
+    prefilled_seq: int = 0
+    commit: tuple[int, int] | None = None
+    """(epoch, input_seq) of a requested reply: it begins once input before the marker is in."""
+    response: Response | None = None
+
+    def queued_bytes(self) -> int:
+        return sum(p.nbytes for q in self.queues.values() for p in q)
+
+
+@dataclass
+class SchedulerConfig:
+    max_batch: int = 32
+    token_lead: int = 4
+    """Thinker tokens a session may have waiting for its Talker before the Thinker pauses."""
+    codes_lead: int = 2
+    audio_lead_s: float = 1.0
+    """Reply audio generated ahead of real time (after the first frame) before the Talker waits."""
+    output_rate: int = 24000
+
+
+class Scheduler:
+    def __init__(self, capacity: int, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.slots: list[str | None] = [None] * capacity
+        self.sessions: dict[str, SessionQueues] = {}
+        self.drops: list[Drop] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def add_session(self, session_id: str) -> int:
+        if session_id in self.sessions:
+            raise KeyError(f"session {session_id} is already scheduled")
+        try:
+            slot = self.slots.index(None)
+        except ValueError:
+            raise EngineFull(f"all {len(self.slots)} engine slots are in use") from None
+        self.slots[slot] = session_id
+        self.sessions[session_id] = SessionQueues(session_id, slot)
+        return slot
+
+    def remove_session(self, session_id: str) -> SessionQueues:
+        sq = self.sessions.pop(session_id)
+        self._drop_where(sq, lambda p: True, "closed")
+        self.slots[sq.slot] = None
+        return sq
+
+    def push_input(self, session_id: str, pcm: Any, now: float, version: str) -> None:
+        sq = self.sessions[session_id]
+        n = len(pcm)
+        sq.queues[Kind.PCM_IN].append(
+            Payload(
+                session_id,
+                sq.epoch,
+                Kind.PCM_IN,
+                pcm,
+                sq.input_seq,
+                sq.input_samples,
+                sq.input_samples + n,
+                version,
+                enqueued_at=now,
+            )
+        )
+        sq.input_seq += 1
+        sq.input_samples += n
+
+    def commit(self, session_id: str, epoch: int) -> None:
+        """Request a reply in `epoch` to everything pushed so far."""
+        sq = self.sessions[session_id]
+        if epoch != sq.epoch:
+            self.drops.append(Drop(session_id, "commit", 1, 0, "stale_epoch"))
+            return
+        sq.commit = (epoch, sq.input_seq)
+
+    def cancel(self, session_id: str, new_epoch: int) -> None:
+        """Fence off every reply payload older than `new_epoch` and forget the reply."""
+        sq = self.sessions[session_id]
+        if new_epoch <= sq.epoch:
+            return
+        sq.epoch = new_epoch
+        sq.response = None
+        sq.commit = None
+        self._drop_where(sq, lambda p: p.kind not in INPUT_KINDS, "stale_epoch")
+
+    def _drop_where(self, sq: SessionQueues, pred, reason: str) -> None:
+        for kind, queue in sq.queues.items():
+            gone = [p for p in queue if pred(p)]
+            if gone:
+                sq.queues[kind] = deque(p for p in queue if not pred(p))
+                self.drops.append(
+                    Drop(sq.session_id, kind, len(gone), sum(p.nbytes for p in gone), reason)
+                )
+
+    # -- planning -------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        cfg = self.config
+        picks: dict[Stage, list[Entry]] = {stage: [] for stage in Stage}
+        begin: list[Entry] = []
+        for sq in self.sessions.values():
+            q = sq.queues
+            r = sq.response
+
+            def entry(payload: Payload | None = None, sq: SessionQueues = sq) -> Entry:
+                return Entry(sq.session_id, sq.slot, sq.epoch, payload)
+
+            if q[Kind.CODES]:
+                picks[Stage.CODEC].append(entry(q[Kind.CODES].popleft()))
+            if r is not None and not r.talker_done and len(q[Kind.CODES]) < cfg.codes_lead:
+                ahead_s = (
+                    0.0
+                    if r.first_audio_at is None
+                    else r.emitted_samples / cfg.output_rate - (now - r.first_audio_at)
+                )
+                if (q[Kind.TOKENS] or r.thinker_done) and ahead_s < cfg.audio_lead_s:
+                    token = q[Kind.TOKENS].popleft() if q[Kind.TOKENS] else None
+                    picks[Stage.TALKER].append(entry(token))
+            if r is not None and not r.thinker_done and len(q[Kind.TOKENS]) < cfg.token_lead:
+                picks[Stage.THINKER].append(entry())
+            marker = sq.commit[1] if sq.commit is not None else None
+            if sq.commit is not None and sq.prefilled_seq >= marker and r is None:
+                sq.response = Response(epoch=sq.epoch)
+                sq.commit = None
+                begin.append(entry())
+            elif q[Kind.FEATURES] and (r is None or r.thinker_done):
+                if marker is None or q[Kind.FEATURES][0].seq < marker:
+                    picks[Stage.PREFILL].append(entry(q[Kind.FEATURES].popleft()))
+            if q[Kind.PCM_IN]:
+                picks[Stage.ENCODE].append(entry(q[Kind.PCM_IN].popleft()))
+        batches = []
+        for stage in STAGE_ORDER:
+            chosen = picks[stage]
+            # Past max_batch, the rest waits for the next step (and goes back in front).
+            for extra in reversed(chosen[cfg.max_batch :]):
+                self._requeue(stage, extra)
+            if chosen[: cfg.max_batch]:
+                batches.append(StageBatch(stage, tuple(chosen[: cfg.max_batch])))
+        return StepPlan(tuple(begin), tuple(batches))
+
+    def _requeue(self, stage: Stage, e: Entry) -> None:
+        sq = self.sessions[e.session_id]
+        if e.payload is not None:
+            sq.queues[e.payload.kind].appendleft(e.payload)
+
+    # -- results --------------------------------------------------------------------------
+
+    def owner(self, e: Entry, *, output_path: bool) -> SessionQueues | None:
+        """The session an entry's result belongs to, or None if it must be dropped.
+
+        A slot reassigned since planning, a closed session, or (on the reply path) an epoch
+        bumped since planning: the result goes nowhere.
+        """
+        sq = self.sessions.get(e.session_id)
+        if sq is None or self.slots[e.slot] != e.session_id:
+            self.drops.append(Drop(e.session_id, "result", 1, 0, "slot_reassigned"))
+            return None
+        if output_path and (e.epoch != sq.epoch or sq.response is None):
+            self.drops.append(Drop(e.session_id, "result", 1, 0, "stale_epoch"))
+            return None
+        return sq
+
+    def update(
+        self, plan: StepPlan, results: dict[Stage, list[Any]], now: float, version: str
+    ) -> list[AudioOut | ResponseFinished]:
+        out: list[AudioOut | ResponseFinished] = []
+        for batch in plan.batches:
+            for e, result in zip(batch.entries, results[batch.stage], strict=True):
+                output_path = batch.stage in (Stage.THINKER, Stage.TALKER, Stage.CODEC)
+                sq = self.owner(e, output_path=output_path)
+                if sq is None:
+                    continue
+                self._apply(batch.stage, sq, e, result, now, version, out)
+        return out
+
+    def _apply(self, stage, sq, e, result, now, version, out) -> None:
+        p = e.payload
+        if stage is Stage.ENCODE:
+            sq.queues[Kind.FEATURES].append(
+                Payload(
+                    sq.session_id, p.epoch, Kind.FEATURES, result, p.seq,
+                    p.media_start, p.media_end, version, enqueued_at=now,
+                )
+            )
+        elif stage is Stage.PREFILL:
+            sq.prefilled_seq = p.seq + 1
+        elif stage is Stage.THINKER:
+            r = sq.response
+            sq.queues[Kind.TOKENS].append(
+                Payload(
+                    sq.session_id, sq.epoch, Kind.TOKENS, result, r.out_seq, 0, 0, version,
+                    final=result.finished, text=result.text, enqueued_at=now,
+                )
+            )
+            r.thinker_done = result.finished
+        elif stage is Stage.TALKER:
+            r = sq.response
+            text = p.text if p is not None else ""
+            if result.codes is not None:
+                sq.queues[Kind.CODES].append(
+                    Payload(
+                        sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0,
+                        version, final=result.finished, text=text, enqueued_at=now,
+                    )
+                )
+                r.out_seq += 1
+            r.talker_done = result.finished
+        elif stage is Stage.CODEC:
+            r = sq.response
+            if len(result):
+                if r.first_audio_at is None:
+                    r.first_audio_at = now
+                out.append(
+                    AudioOut(sq.session_id, sq.epoch, p.seq, result, p.text, r.emitted_samples)
+                )
+                r.emitted_samples += len(result)
+        r = sq.response
+        if (
+            stage in (Stage.TALKER, Stage.CODEC)
+            and r is not None
+            and r.talker_done
+            and not sq.queues[Kind.CODES]
+        ):
+            out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples))
+            sq.response = None

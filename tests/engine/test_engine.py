@@ -1,0 +1,146 @@
+"""The engine loop with the echo model: exact output, shared batches, cancel, close."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from duplex.engine import AdmissionRefused, AudioOut, Engine, EngineConfig, ResponseFinished
+from models.echo import EchoModel
+
+
+class Collector:
+    def __init__(self):
+        self.events = []
+        self.finished = threading.Event()
+
+    def __call__(self, event):
+        self.events.append(event)
+        if isinstance(event, ResponseFinished):
+            self.finished.set()
+
+    def audio(self, epoch=None):
+        chunks = [e.pcm for e in self.events if isinstance(e, AudioOut) and epoch in (None, e.epoch)]
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+@pytest.fixture
+def engine():
+    eng = Engine(EchoModel(), EngineConfig(max_sessions=8))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def speak(eng, sid, signal, step=480):
+    for i in range(0, len(signal), step):
+        eng.push_audio(sid, signal[i : i + step])
+
+
+def test_echo_returns_the_committed_audio_exactly(engine):
+    got = Collector()
+    engine.open("a", got)
+    signal = np.random.default_rng(1).uniform(-0.5, 0.5, 30_001).astype(np.float32)
+    speak(engine, "a", signal)
+    engine.commit("a", 0)
+    assert got.finished.wait(5)
+    np.testing.assert_array_equal(got.audio(), signal)
+    assert got.events[-1] == ResponseFinished("a", 0, 30_001)
+
+
+def test_two_sessions_share_one_forward_and_never_mix(engine):
+    got = {sid: Collector() for sid in "ab"}
+    signals = {
+        sid: np.full(19_200, value, np.float32) for sid, value in (("a", 0.25), ("b", -0.5))
+    }
+    for sid in "ab":
+        engine.open(sid, got[sid])
+    engine.wait_idle()
+    for sid in "ab":
+        speak(engine, sid, signals[sid], step=19_200)
+        engine.commit(sid, 0)
+    for sid in "ab":
+        assert got[sid].finished.wait(5)
+        np.testing.assert_array_equal(got[sid].audio(), signals[sid])
+    assert max(engine.stats.stages["codec"].batch_sizes) == 2
+    assert max(engine.stats.stages["talker"].batch_sizes) == 2
+
+
+def test_baseline_mode_makes_one_call_per_session():
+    eng = Engine(EchoModel(), EngineConfig(batching=False))
+    eng.start()
+    try:
+        got = {sid: Collector() for sid in "ab"}
+        for sid in "ab":
+            eng.open(sid, got[sid])
+        eng.wait_idle()
+        for sid in "ab":
+            speak(eng, sid, np.ones(9600, np.float32), step=9600)
+            eng.commit(sid, 0)
+        for sid in "ab":
+            assert got[sid].finished.wait(5)
+        assert set(eng.stats.stages["codec"].batch_sizes) == {1}
+    finally:
+        eng.stop()
+
+
+def test_cancel_drops_the_old_epoch_and_frees_its_bytes():
+    # A slow audio lead keeps most of the reply queued inside the engine when the cancel lands.
+    from duplex.engine import SchedulerConfig
+
+    eng = Engine(EchoModel(), EngineConfig(scheduler=SchedulerConfig(audio_lead_s=0.2)))
+    eng.start()
+    try:
+        got = Collector()
+        eng.open("a", got)
+        speak(eng, "a", np.ones(24_000 * 3, np.float32), step=24_000)
+        eng.commit("a", 0)
+        deadline = time.monotonic() + 5
+        while not got.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held_during = eng.bytes_held("a")
+        eng.cancel("a", 1)
+        eng.wait_idle()
+        sent_before = len(got.audio())
+        time.sleep(0.5)
+        assert len(got.audio()) == sent_before < 24_000 * 3
+        assert all(e.epoch == 0 for e in got.events)
+        assert not got.finished.is_set()
+        assert held_during > 0 and eng.bytes_held("a") == 0
+        reasons = {d.reason for d in eng.drain_drops()}
+        assert reasons <= {"stale_epoch"}
+        # The next turn, in the new epoch, works as usual.
+        speak(eng, "a", np.full(4800, 0.5, np.float32))
+        eng.commit("a", 1)
+        assert got.finished.wait(5)
+        np.testing.assert_array_equal(got.audio(epoch=1), np.full(4800, 0.5, np.float32))
+    finally:
+        eng.stop()
+
+
+def test_close_releases_everything(engine):
+    got = Collector()
+    engine.open("a", got)
+    speak(engine, "a", np.ones(48_000, np.float32))
+    engine.wait_idle()
+    assert engine.bytes_held("a") > 0
+    engine.close("a")
+    engine.wait_idle()
+    assert engine.bytes_held("a") == 0
+    assert "a" not in engine.scheduler.sessions
+
+
+def test_admission_refuses_past_max_sessions_naming_the_limit(engine):
+    for i in range(8):
+        engine.open(f"s{i}", Collector())
+    with pytest.raises(AdmissionRefused, match=r"engine.max_sessions=8") as info:
+        engine.open("one-too-many", Collector())
+    assert info.value.limit == "engine.max_sessions"
+
+
+def test_admission_refuses_when_load_would_pass_real_time(engine):
+    engine.open("a", Collector())
+    engine.load = 0.6
+    with pytest.raises(AdmissionRefused, match=r"engine.max_load=85%"):
+        engine.open("b", Collector())
