@@ -36,6 +36,25 @@ class ModelSettings(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+class EngineSettings(_Section):
+    max_sessions: int = Field(64, ge=1)
+    max_load: float = Field(0.85, gt=0, le=1)
+    """Busy fraction of the engine loop past which new sessions are refused."""
+    max_batch: int = Field(32, ge=1)
+    audio_lead_s: float = Field(1.0, gt=0)
+    """Reply audio generated ahead of real time before a session's Talker waits."""
+
+
+class RealtimeSettings(_Section):
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    max_input_lead_ms: int = Field(5000, ge=100)
+    """Appended audio may run this far ahead of real time; beyond it appends are refused."""
+    output_lead_ms: int = Field(200, ge=0, le=2000)
+    """Reply audio is sent at most this far ahead of the listener's playback."""
+    max_errors: int = Field(100, ge=1)
+    """Errors one connection may cause before it is closed with 1008."""
+
+
 class StoreSettings(_Section):
     backend: Literal["memory"] = "memory"
 
@@ -43,6 +62,8 @@ class StoreSettings(_Section):
 class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
+    engine: EngineSettings = EngineSettings()
+    realtime: RealtimeSettings = RealtimeSettings()
     store: StoreSettings = StoreSettings()
 
 

@@ -40,6 +40,8 @@ def serve(settings: Settings) -> None:
         loop="uvloop",
         ws="websockets-sansio",
         ws_per_message_deflate=False,
+        # Frames a little over the limit still arrive, so the client gets an error event first.
+        ws_max_size=4 * settings.realtime.max_message_bytes,
         lifespan="on",
         log_level=settings.server.log_level,
         timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s) + 1,

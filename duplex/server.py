@@ -9,13 +9,18 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex import __version__
 from duplex.config import Settings
+from duplex.engine import Engine, EngineConfig, SchedulerConfig
 from duplex.hub import SessionHub
 from duplex.metrics import Metrics
+from duplex.transport.realtime.protocol import Limits
+from duplex.transport.realtime.ws import realtime_endpoint
+from duplex.vad import VadService
+from models.registry import load_model
 
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
 log = logging.getLogger("duplex.server")
@@ -39,15 +44,49 @@ def create_app(settings: Settings) -> Starlette:
     async def metrics_endpoint(_request: Request) -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    parts: dict[str, object] = {}
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
+        model = load_model(settings.model.name, settings.model.cache_dir, settings.model.device)
+        es = settings.engine
+        engine = Engine(
+            model,
+            EngineConfig(
+                max_sessions=es.max_sessions,
+                max_load=es.max_load,
+                scheduler=SchedulerConfig(
+                    max_batch=es.max_batch,
+                    audio_lead_s=es.audio_lead_s,
+                    output_rate=model.output_rate,
+                ),
+            ),
+        )
+        engine.start()
+        parts.update(engine=engine, vad=VadService())
+        log.info("model %s loaded on %s (%s)", model.name, model.device, model.dtype)
         yield
         log.info("shutting down: closing %d open sessions", len(hub))
         await hub.close_all("server_shutdown", settings.server.shutdown_timeout_s)
+        engine.stop()
+        parts["vad"].stop()
+
+    rs = settings.realtime
+    limits = Limits(
+        max_message_bytes=rs.max_message_bytes,
+        max_input_lead_ms=rs.max_input_lead_ms,
+        output_lead_ms=rs.output_lead_ms,
+        max_errors=rs.max_errors,
+    )
+    realtime = realtime_endpoint(
+        lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub
+    )
 
     routes = [
         Route("/healthz", healthz),
         Route("/metrics", metrics_endpoint),
+        WebSocketRoute("/v1/realtime", realtime),
+        WebSocketRoute("/realtime", realtime),
         Mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

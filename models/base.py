@@ -81,6 +81,10 @@ class DuplexModel(ABC):
         """RGB uint8 frames (H, W, 3) -> feature payloads. Models without vision return None."""
         return [None for _ in frames]
 
+    def clear_input(self, state: ModelState) -> None:
+        """Forget input not yet answered, where the model can (a prefilled KV cannot)."""
+        return None
+
     @abstractmethod
     def thinker_prefill(self, states: list[ModelState], features: list[Any]) -> None:
         """Append encoded input to each session's Thinker context."""

@@ -41,6 +41,9 @@ class EchoModel(DuplexModel):
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(chunk, dtype=np.float32).copy() for chunk in chunks]
 
+    def clear_input(self, state: ModelState) -> None:
+        state.slots["heard"] = []
+
     def thinker_prefill(self, states: list[ModelState], features: list[np.ndarray]) -> None:
         for state, feature in zip(states, features, strict=True):
             state.slots["heard"].append(feature)

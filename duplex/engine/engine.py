@@ -130,6 +130,10 @@ class Engine:
             self._control.put(("push", (session_id, rest)))
         self._control.put(("commit", (session_id, epoch)))
 
+    def clear_input(self, session_id: str) -> None:
+        self._callers[session_id].framer.flush()
+        self._control.put(("clear", (session_id,)))
+
     def cancel(self, session_id: str, new_epoch: int) -> None:
         self._control.put(("cancel", (session_id, new_epoch)))
 
@@ -215,6 +219,11 @@ class Engine:
             self._refresh_bytes(sid)
         elif op == "commit":
             self.scheduler.commit(*args)
+        elif op == "clear":
+            (sid,) = args
+            self.scheduler.clear_input(sid)
+            self.model.clear_input(self._states[sid])
+            self._refresh_bytes(sid)
         elif op == "cancel":
             sid, epoch = args
             if epoch > self.scheduler.sessions[sid].epoch:

@@ -175,6 +175,13 @@ class Scheduler:
             return
         sq.commit = (epoch, sq.input_seq)
 
+    def clear_input(self, session_id: str) -> None:
+        """Drop input not yet in the Thinker context (the user cleared the input buffer)."""
+        sq = self.sessions[session_id]
+        self._drop_where(sq, lambda p: p.kind in INPUT_KINDS, "cleared")
+        # Dropped input counts as handled, so a reply waiting on it is not held up forever.
+        sq.prefilled_seq = sq.input_seq
+
     def cancel(self, session_id: str, new_epoch: int) -> None:
         """Fence off every reply payload older than `new_epoch` and forget the reply."""
         sq = self.sessions[session_id]

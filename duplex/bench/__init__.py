@@ -1,0 +1,1 @@
+"""`duplex bench`: paced synthetic sessions against the engine, batched vs per-session."""

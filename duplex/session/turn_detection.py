@@ -1,0 +1,42 @@
+"""Server VAD decisions from per-chunk speech probabilities: pure hysteresis on the sample clock.
+
+The probabilities come from a model (duplex.vad); the decisions are plain logic: speech starts
+when a chunk reaches `threshold`, and stops after `silence_samples` of chunks below it.
+"""
+
+from dataclasses import dataclass
+
+from duplex.session.commands import SpeechStarted, SpeechStopped
+from duplex.session.timeline import require_count
+
+
+@dataclass
+class TurnDetector:
+    threshold: float = 0.5
+    silence_samples: int = 12000
+    prefix_samples: int = 7200
+    position: int = 0
+    speaking: bool = False
+    silence_run: int = 0
+    speech_end: int = 0
+
+    def feed(self, prob: float, n_samples: int) -> SpeechStarted | SpeechStopped | None:
+        """Account one chunk of `n_samples` whose speech probability is `prob`."""
+        require_count("n_samples", n_samples)
+        start = self.position
+        self.position += n_samples
+        if prob >= self.threshold:
+            self.silence_run = 0
+            self.speech_end = self.position
+            if not self.speaking:
+                self.speaking = True
+                return SpeechStarted(start)
+            return None
+        if not self.speaking:
+            return None
+        self.silence_run += n_samples
+        if self.silence_run >= self.silence_samples:
+            self.speaking = False
+            self.silence_run = 0
+            return SpeechStopped(self.speech_end)
+        return None

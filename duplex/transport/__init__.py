@@ -1,0 +1,1 @@
+"""Thin adapters between wire protocols and the session core and engine."""

@@ -1,0 +1,169 @@
+"""The WebSocket edge of the Realtime protocol: one asyncio loop per connection that feeds
+frames, engine results, VAD probabilities and clock ticks to the pure protocol in order, and
+carries out the effects it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from duplex.engine import AdmissionRefused, AudioOut, Engine, ResponseFinished
+from duplex.transport.realtime.protocol import (
+    RATE,
+    CloseConnection,
+    EngineCancel,
+    EngineClearInput,
+    EngineCommit,
+    EnginePush,
+    Limits,
+    RealtimeProtocol,
+    Send,
+    VadFeed,
+)
+from duplex.vad import VadService, VadStream
+
+log = logging.getLogger("duplex.realtime")
+TICK_S = 0.02
+
+
+class RealtimeConnection:
+    def __init__(self, ws: WebSocket, engine: Engine, vad: VadService, limits: Limits,
+                 model_name: str) -> None:
+        self.ws = ws
+        self.engine = engine
+        self.vad = vad
+        self.session_id = "sess_" + secrets.token_hex(8)
+        beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
+        self.protocol = RealtimeProtocol(
+            self.session_id,
+            model=model_name,
+            model_input_rate=engine.model.input_rate,
+            model_output_rate=engine.model.output_rate,
+            beta=beta,
+            limits=limits,
+        )
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.vad_stream = VadStream()
+        self.t0 = time.monotonic()
+        self.close_code: int | None = None
+
+    def now_sample(self) -> int:
+        return int((time.monotonic() - self.t0) * RATE)
+
+    def _post(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
+
+    async def run(self, hub) -> None:
+        await self.ws.accept()
+        try:
+            self.engine.open(self.session_id, lambda event: self._post(("engine", event)))
+        except AdmissionRefused as exc:
+            await self.ws.send_text(json.dumps({
+                "type": "error", "event_id": "event_admission",
+                "error": {"type": "server_error", "code": "server_full", "message": str(exc),
+                          "param": exc.limit, "event_id": None},
+            }))
+            await self.ws.close(1013, "server full")
+            return
+        hub.add(self.session_id, self.shutdown)
+        reader = asyncio.create_task(self._read())
+        ticker = asyncio.create_task(self._tick())
+        try:
+            await self._execute(self.protocol.start())
+            await self._loop()
+        finally:
+            reader.cancel()
+            ticker.cancel()
+            hub.discard(self.session_id)
+            self.engine.close(self.session_id)
+            held = self.protocol.close()
+            log.info("session %s closed; released %s", self.session_id, held)
+            if self.ws.application_state is WebSocketState.CONNECTED:
+                try:
+                    await self.ws.close(self.close_code or 1000)
+                except RuntimeError:
+                    pass
+
+    async def shutdown(self, reason: str) -> None:
+        self.inbox.put_nowait(("close", 1001, reason))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is not None:
+                    self.inbox.put_nowait(("text", message["text"]))
+                elif message.get("bytes") is not None:
+                    self.inbox.put_nowait(("bytes", message["bytes"]))
+        except WebSocketDisconnect:
+            pass
+        self.inbox.put_nowait(("gone",))
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.inbox.put_nowait(("tick",))
+
+    async def _loop(self) -> None:
+        p = self.protocol
+        while True:
+            item = await self.inbox.get()
+            kind = item[0]
+            if kind == "gone":
+                return
+            if kind == "close":
+                self.close_code = item[1]
+                return
+            if kind == "text":
+                effects = p.receive_text(item[1])
+            elif kind == "bytes":
+                effects = p.receive_bytes(item[1])
+            elif kind == "vad":
+                effects = p.on_vad(item[1])
+            elif kind == "engine" and isinstance(item[1], AudioOut):
+                effects = p.on_engine_audio(item[1].epoch, item[1].pcm, item[1].text)
+            elif kind == "engine" and isinstance(item[1], ResponseFinished):
+                effects = p.on_engine_finished(item[1].epoch)
+            else:
+                effects = []
+            effects += p.release_output(self.now_sample())
+            if await self._execute(effects):
+                return
+
+    async def _execute(self, effects) -> bool:
+        """Carry out effects in order; True when the connection must end."""
+        sid = self.session_id
+        for effect in effects:
+            if isinstance(effect, Send):
+                await self.ws.send_text(json.dumps(effect.event))
+            elif isinstance(effect, EnginePush):
+                self.engine.push_audio(sid, effect.pcm)
+            elif isinstance(effect, VadFeed):
+                self.vad.submit(self.vad_stream, effect.pcm, lambda probs: self._post(("vad", probs)))
+            elif isinstance(effect, EngineCommit):
+                self.engine.commit(sid, effect.epoch)
+            elif isinstance(effect, EngineCancel):
+                self.engine.cancel(sid, effect.epoch)
+            elif isinstance(effect, EngineClearInput):
+                self.engine.clear_input(sid)
+            elif isinstance(effect, CloseConnection):
+                self.close_code = effect.code
+                return True
+        return False
+
+
+def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str, hub):
+    async def endpoint(ws: WebSocket) -> None:
+        conn = RealtimeConnection(ws, engine_getter(), vad_getter(), limits, model_name)
+        await conn.run(hub)
+
+    return endpoint

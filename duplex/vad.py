@@ -1,0 +1,107 @@
+"""Speech probability with silero-vad, batched across sessions, state carried per stream.
+
+silero's scripted model keeps one hidden state for one batch; here each session keeps its own
+(state, context) and a batch call stacks them, so many sessions cost one forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+VAD_RATE = 16000
+VAD_CHUNK = 512
+_CONTEXT = 64
+
+
+def _load_jit():
+    threads = torch.get_num_threads()
+    from silero_vad import load_silero_vad
+
+    model = load_silero_vad(onnx=False)
+    # Importing silero_vad sets torch to one thread for the whole process; undo that.
+    torch.set_num_threads(threads)
+    return model
+
+
+@dataclass
+class VadStream:
+    state: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 1, 128))
+    context: torch.Tensor = field(default_factory=lambda: torch.zeros(1, _CONTEXT))
+    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+
+class SileroVAD:
+    def __init__(self) -> None:
+        self._model = _load_jit()._model
+
+    @torch.inference_mode()
+    def process(self, streams: list[VadStream], chunks: list[np.ndarray]) -> list[list[float]]:
+        """Feed 16 kHz float32 audio per stream; one probability per complete 512-sample chunk."""
+        for stream, chunk in zip(streams, chunks, strict=True):
+            stream.pending = np.concatenate([stream.pending, np.asarray(chunk, np.float32)])
+        probs: list[list[float]] = [[] for _ in streams]
+        while True:
+            ready = [i for i, s in enumerate(streams) if len(s.pending) >= VAD_CHUNK]
+            if not ready:
+                return probs
+            x = torch.from_numpy(np.stack([streams[i].pending[:VAD_CHUNK] for i in ready]))
+            context = torch.cat([streams[i].context for i in ready])
+            state = torch.cat([streams[i].state for i in ready], dim=1)
+            x = torch.cat([context, x], dim=1)
+            out, state = self._model(x, state)
+            for row, i in enumerate(ready):
+                s = streams[i]
+                s.pending = s.pending[VAD_CHUNK:]
+                s.state = state[:, row : row + 1].clone()
+                s.context = x[row : row + 1, -_CONTEXT:].clone()
+                probs[i].append(float(out[row]))
+
+
+class VadService:
+    """One thread that runs speech detection for every session, batched per wake-up."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._vad = SileroVAD()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._empty = queue.Empty
+        self._thread = threading.Thread(target=self._run, name="duplex-vad", daemon=True)
+        self._thread.start()
+
+    def submit(self, stream: VadStream, pcm: np.ndarray, callback) -> None:
+        """Queue 16 kHz audio; `callback(probs)` runs on the VAD thread with its probabilities."""
+        self._queue.put((stream, pcm, callback))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except self._empty:
+                    break
+                if item is None:
+                    return
+                batch.append(item)
+            merged: dict[int, tuple[VadStream, list[np.ndarray], object]] = {}
+            for stream, pcm, callback in batch:
+                merged.setdefault(id(stream), (stream, [], callback))[1].append(pcm)
+            entries = list(merged.values())
+            probs = self._vad.process(
+                [s for s, _, _ in entries], [np.concatenate(p) for _, p, _ in entries]
+            )
+            for (_, _, callback), p in zip(entries, probs, strict=True):
+                if p:
+                    callback(p)

@@ -1,0 +1,64 @@
+"""Resolve `--model NAME|PATH` to a loaded adapter. Nothing is ever downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from models.base import DuplexModel
+
+TINY = {"tiny-omni": "qwen3_omni_moe", "tiny-moshi": "moshi"}
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+def select_device(preference: str = "auto") -> tuple[str, str]:
+    """(device, dtype): cuda with bf16 when present, cpu with fp32 otherwise."""
+    import torch
+
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ModelNotFound("device 'cuda' was asked for but no CUDA device is present")
+        return "cuda", "bfloat16"
+    return "cpu", "float32"
+
+
+def tiny_path(name: str, cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / name
+
+
+def build_tiny(name: str, cache_dir: str | Path, progress=None) -> Path:
+    path = tiny_path(name, cache_dir)
+    if TINY.get(name) == "qwen3_omni_moe":
+        from models.qwen3_omni.tiny import build_tiny as build
+    elif TINY.get(name) == "moshi":
+        from models.moshi.tiny import build_tiny as build
+    else:
+        raise ModelNotFound(f"unknown tiny model '{name}'; choose one of {sorted(TINY)}")
+    build(path, progress=progress)
+    return path
+
+
+def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto") -> DuplexModel:
+    if name == "echo":
+        from models.echo import EchoModel
+
+        return EchoModel()
+    path = tiny_path(name, cache_dir) if name in TINY else Path(name)
+    config = path / "config.json"
+    if not config.is_file():
+        hint = f"; build it with `duplex models build {name}`" if name in TINY else ""
+        raise ModelNotFound(f"no model checkpoint at {path} (config.json missing){hint}")
+    model_type = json.loads(config.read_text()).get("model_type")
+    dev, dtype = select_device(device)
+    if model_type == "qwen3_omni_moe":
+        from models.qwen3_omni.adapter import Qwen3OmniAdapter
+
+        return Qwen3OmniAdapter.from_pretrained(path, device=dev, dtype=dtype)
+    if model_type == "moshi":
+        from models.moshi.adapter import MoshiAdapter
+
+        return MoshiAdapter.from_pretrained(path, device=dev, dtype=dtype)
+    raise ModelNotFound(f"{path}: model_type '{model_type}' is not supported")
