@@ -25,6 +25,21 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _call(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from duplex.call import call, print_timeline, read_audio, write_wav
+
+    audio = read_audio(args.input)
+    result = asyncio.run(
+        call(args.url, audio, barge_in_at=args.barge_in_at, api_key=args.api_key)
+    )
+    write_wav(args.output, bytes(result.reply))
+    print_timeline(result)
+    print(f"saved {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
@@ -48,6 +63,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory",
     )
     serve.set_defaults(func=_serve)
+
+    call = sub.add_parser(
+        "call",
+        help="talk to a Realtime endpoint with a sound file",
+        description="Stream a sound file to a Realtime WebSocket endpoint in real time (server "
+        "VAD decides the turns), save the reply audio, and print the events' timeline with TTFA.",
+    )
+    call.add_argument("url", help="e.g. ws://127.0.0.1:8080/v1/realtime")
+    call.add_argument("--input", required=True, help="sound file to send (any format FFmpeg reads)")
+    call.add_argument("--output", required=True, help="WAV file for the reply audio")
+    call.add_argument(
+        "--barge-in-at",
+        type=float,
+        metavar="SECONDS",
+        help="send the input again from this many seconds after the start, over the reply",
+    )
+    call.add_argument("--api-key", help="Bearer key, when the server requires one")
+    call.set_defaults(func=_call)
     return parser
 
 
