@@ -32,14 +32,18 @@ log = logging.getLogger("duplex.realtime")
 TICK_S = 0.02
 
 
-class RealtimeConnection:
-    def __init__(self, ws: WebSocket, engine: Engine, vad: VadService, limits: Limits,
-                 model_name: str) -> None:
-        self.ws = ws
+class RealtimeSession:
+    """One Realtime session on any carrier: frames go in through `inbox`, events out through
+    `send_text`. The WebSocket endpoint, the WebRTC data channel and the benchmark's in-process
+    clients all run this same loop.
+    """
+
+    def __init__(self, engine: Engine, vad: VadService, limits: Limits, model_name: str,
+                 send_text, *, beta: bool = False, session_id: str | None = None) -> None:
         self.engine = engine
         self.vad = vad
-        self.session_id = "sess_" + secrets.token_hex(8)
-        beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
+        self.send_text = send_text
+        self.session_id = session_id or "sess_" + secrets.token_hex(8)
         self.protocol = RealtimeProtocol(
             self.session_id,
             model=model_name,
@@ -60,53 +64,33 @@ class RealtimeConnection:
     def _post(self, item) -> None:
         self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
 
-    async def run(self, hub) -> None:
-        await self.ws.accept()
-        try:
-            self.engine.open(self.session_id, lambda event: self._post(("engine", event)))
-        except AdmissionRefused as exc:
-            await self.ws.send_text(json.dumps({
-                "type": "error", "event_id": "event_admission",
-                "error": {"type": "server_error", "code": "server_full", "message": str(exc),
-                          "param": exc.limit, "event_id": None},
-            }))
-            await self.ws.close(1013, "server full")
-            return
-        hub.add(self.session_id, self.shutdown)
-        reader = asyncio.create_task(self._read())
+    def open(self) -> None:
+        """Admit the session into the engine; raises AdmissionRefused when over a limit."""
+        self.engine.open(self.session_id, lambda event: self._post(("engine", event)))
+
+    async def run(self) -> None:
+        """Serve until the carrier is gone or the protocol closes; then release everything."""
         ticker = asyncio.create_task(self._tick())
         try:
             await self._execute(self.protocol.start())
             await self._loop()
         finally:
-            reader.cancel()
             ticker.cancel()
-            hub.discard(self.session_id)
             self.engine.close(self.session_id)
             held = self.protocol.close()
             log.info("session %s closed; released %s", self.session_id, held)
-            if self.ws.application_state is WebSocketState.CONNECTED:
-                try:
-                    await self.ws.close(self.close_code or 1000)
-                except RuntimeError:
-                    pass
+
+    def feed_text(self, text: str) -> None:
+        self.inbox.put_nowait(("text", text))
+
+    def feed_bytes(self, data: bytes) -> None:
+        self.inbox.put_nowait(("bytes", data))
+
+    def carrier_gone(self) -> None:
+        self.inbox.put_nowait(("gone",))
 
     async def shutdown(self, reason: str) -> None:
         self.inbox.put_nowait(("close", 1001, reason))
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message.get("text") is not None:
-                    self.inbox.put_nowait(("text", message["text"]))
-                elif message.get("bytes") is not None:
-                    self.inbox.put_nowait(("bytes", message["bytes"]))
-        except WebSocketDisconnect:
-            pass
-        self.inbox.put_nowait(("gone",))
 
     async def _tick(self) -> None:
         while True:
@@ -140,11 +124,11 @@ class RealtimeConnection:
                 return
 
     async def _execute(self, effects) -> bool:
-        """Carry out effects in order; True when the connection must end."""
+        """Carry out effects in order; True when the session must end."""
         sid = self.session_id
         for effect in effects:
             if isinstance(effect, Send):
-                await self.ws.send_text(json.dumps(effect.event))
+                await self.send_text(json.dumps(effect.event))
             elif isinstance(effect, EnginePush):
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
@@ -161,9 +145,52 @@ class RealtimeConnection:
         return False
 
 
+def admission_error(exc: AdmissionRefused) -> str:
+    return json.dumps({
+        "type": "error", "event_id": "event_admission",
+        "error": {"type": "server_error", "code": "server_full", "message": str(exc),
+                  "param": exc.limit, "event_id": None},
+    })
+
+
 def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str, hub):
     async def endpoint(ws: WebSocket) -> None:
-        conn = RealtimeConnection(ws, engine_getter(), vad_getter(), limits, model_name)
-        await conn.run(hub)
+        await ws.accept()
+        beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
+        session = RealtimeSession(engine_getter(), vad_getter(), limits, model_name, ws.send_text,
+                                  beta=beta)
+        try:
+            session.open()
+        except AdmissionRefused as exc:
+            await ws.send_text(admission_error(exc))
+            await ws.close(1013, "server full")
+            return
+        hub.add(session.session_id, session.shutdown)
+
+        async def read() -> None:
+            try:
+                while True:
+                    message = await ws.receive()
+                    if message["type"] == "websocket.disconnect":
+                        break
+                    if message.get("text") is not None:
+                        session.feed_text(message["text"])
+                    elif message.get("bytes") is not None:
+                        session.feed_bytes(message["bytes"])
+            except WebSocketDisconnect:
+                pass
+            session.carrier_gone()
+
+        reader = asyncio.create_task(read())
+        try:
+            await session.run()
+        finally:
+            reader.cancel()
+            hub.discard(session.session_id)
+            if ws.application_state is WebSocketState.CONNECTED:
+                try:
+                    await ws.close(session.close_code or 1000)
+                except RuntimeError:
+                    pass
 
     return endpoint
