@@ -1,0 +1,494 @@
+"""Exact frame-by-frame streaming for transformers' `MimiModel`, batched across sessions.
+
+Decoding: Mimi's own `decoder_cache` only carries the decoder transformer's keys and values; its
+causal convolutions then pad every chunk with zeros as if it were the start of the stream, so
+chunked decoding drifts far from offline decoding. `MimiStreamDecoder` carries the state of every
+causal conv (the last `padding_total` inputs), of every transposed conv (the overlapping tail of
+its output) and of the decoder transformer (a sliding-window KV cache), so streaming output equals
+`mimi.decode(codes)` up to float rounding.
+
+Encoding: `MimiStreamEncoder` runs the convolutions through transformers' own
+`MimiConv1dPaddingCache` path (exact when chunks are whole frames) and the encoder transformer
+through the same sliding-window KV as the decoder, because `encode(..., use_streaming=True)` keeps
+one cache for the whole batch and cannot mix sessions of different ages.
+
+Each session owns a state object (`new_state()`); one `decode` / `encode` call stacks the states
+of all sessions in the batch along the batch axis, runs one forward and writes the states back.
+`SlidingKV` and `KVBatch` are shared with the Moshi adapter, whose transformers step the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.mimi.modeling_mimi import (
+    MimiConv1d,
+    MimiConv1dPaddingCache,
+    MimiConvTranspose1d,
+    MimiResnetBlock,
+    apply_rotary_pos_emb,
+)
+
+
+class SlidingKV:
+    """Keys and values of every layer of one transformer for `rows` sequences advancing together.
+
+    Entries stay in time order in one buffer per tensor, shaped (layers, rows, kv_heads, capacity,
+    head_dim). When the buffer is full, entries older than the attention window are dropped, so
+    memory is bounded by the window rather than by how long a session lasts. `seen` counts every
+    position ever appended: it is the absolute (RoPE) position of the next entry.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        window: int,
+        rows: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        self.shape = (n_layers, rows, n_kv_heads, head_dim)
+        self.window = window
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+        self.seen = 0
+
+    @property
+    def rows(self) -> int:
+        return self.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.k is None else self.k.nbytes + self.v.nbytes
+
+    def release(self) -> None:
+        self.k = self.v = None
+        self.length = 0
+
+    def reserve(self, n: int) -> None:
+        """Make room to append `n` entries, keeping the last `window - 1` that can still be seen."""
+        if self.length + n <= self.capacity:
+            return
+        keep = min(self.length, self.window - 1)
+        need = keep + n
+        # Slack past the window makes the O(window) shift happen once per ~window/4 positions.
+        slack = max(8, self.window // 4)
+        start = self.length - keep
+        if self.capacity >= need + slack:
+            self.k[:, :, :, :keep] = self.k[:, :, :, start : self.length].clone()
+            self.v[:, :, :, :keep] = self.v[:, :, :, start : self.length].clone()
+        else:
+            capacity = max(need, min(max(2 * self.capacity, 16), self.window - 1 + n + slack))
+            layers, rows, heads, dim = self.shape
+            # Zeros, not empty: masked-out entries are still multiplied by a zero weight.
+            k = torch.zeros(
+                layers, rows, heads, capacity, dim, dtype=self.dtype, device=self.device
+            )
+            v = torch.zeros_like(k)
+            if keep:
+                k[:, :, :, :keep] = self.k[:, :, :, start : self.length]
+                v[:, :, :, :keep] = self.v[:, :, :, start : self.length]
+            self.k, self.v = k, v
+        self.length = keep
+
+
+class KVBatch:
+    """One forward over several `SlidingKV`s: each appends `n` entries at its own length.
+
+    Rows of different lengths share one key axis of width max(length) + n; the mask lets query q
+    of a row see its own entries j with 0 <= length + q - j < window, which covers both the
+    right padding of shorter rows and the sliding window.
+    """
+
+    def __init__(self, kvs: list[SlidingKV], n: int):
+        for kv in kvs:
+            kv.reserve(n)
+        self.kvs = kvs
+        self.n = n
+        self.lengths = [kv.length for kv in kvs]
+        self.width = max(self.lengths) + n
+        device = kvs[0].device
+        rows = torch.tensor([kv.rows for kv in kvs], device=device)
+        length = torch.repeat_interleave(torch.tensor(self.lengths, device=device), rows)
+        seen = torch.repeat_interleave(torch.tensor([kv.seen for kv in kvs], device=device), rows)
+        steps = torch.arange(n, device=device)
+        delta = (length[:, None] + steps)[:, :, None] - torch.arange(self.width, device=device)
+        self.mask = ((delta >= 0) & (delta < kvs[0].window))[:, None]
+        self.position_ids = seen[:, None] + steps
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """q (rows, heads, n, dim), k and v (rows, kv_heads, n, dim) -> (rows, heads, n, dim)."""
+        row = 0
+        for kv, length in zip(self.kvs, self.lengths, strict=True):
+            kv.k[layer, :, :, length : length + self.n] = k[row : row + kv.rows]
+            kv.v[layer, :, :, length : length + self.n] = v[row : row + kv.rows]
+            row += kv.rows
+        if len(self.kvs) == 1:
+            keys = self.kvs[0].k[layer, :, :, : self.width]
+            values = self.kvs[0].v[layer, :, :, : self.width]
+        else:
+            keys = k.new_zeros(row, k.shape[1], self.width, k.shape[3])
+            values = torch.zeros_like(keys)
+            row = 0
+            for kv, length in zip(self.kvs, self.lengths, strict=True):
+                end = length + self.n
+                keys[row : row + kv.rows, :, :end] = kv.k[layer, :, :, :end]
+                values[row : row + kv.rows, :, :end] = kv.v[layer, :, :, :end]
+                row += kv.rows
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=self.mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+    def commit(self, counts: list[int] | None = None) -> None:
+        """Keep the first `counts[i]` new entries of each `SlidingKV` (all `n` by default)."""
+        for i, kv in enumerate(self.kvs):
+            added = self.n if counts is None else counts[i]
+            kv.length += added
+            kv.seen += added
+
+
+def _decoder_parts(mimi: nn.Module) -> tuple[nn.Module | None, nn.Module, nn.Module]:
+    """(upsample, decoder transformer, SEANet decoder) across transformers' two Mimi layouts."""
+    if hasattr(mimi.decoder, "decoder_seanet"):
+        return mimi.decoder.upsample, mimi.decoder.decoder_transformer, mimi.decoder.decoder_seanet
+    return mimi.upsample, mimi.decoder_transformer, mimi.decoder
+
+
+def _encoder_parts(mimi: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(SEANet encoder, encoder transformer, downsample) across transformers' two Mimi layouts."""
+    if hasattr(mimi.encoder, "encoder_seanet"):
+        return (
+            mimi.encoder.encoder_seanet,
+            mimi.encoder.encoder_transformer,
+            mimi.encoder.downsample,
+        )
+    return mimi.encoder, mimi.encoder_transformer, mimi.downsample
+
+
+def _new_kv(transformer: nn.Module, dtype: torch.dtype, device) -> SlidingKV:
+    config = transformer.config
+    return SlidingKV(
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.sliding_window,
+        dtype=dtype,
+        device=device,
+    )
+
+
+def _transformer_step(transformer: nn.Module, hidden: torch.Tensor, kvs: list[SlidingKV]):
+    """A `MimiTransformerModel` over (B, n, C) new positions, continuing each row's KV."""
+    batch = KVBatch(kvs, hidden.shape[1])
+    cos, sin = transformer.rotary_emb(hidden, batch.position_ids)
+    for index, layer in enumerate(transformer.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        shape = (*x.shape[:2], -1, attn.head_dim)
+        q = attn.q_proj(x).view(shape).transpose(1, 2)
+        k = attn.k_proj(x).view(shape).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out = batch.attend(index, q, k, v, attn.scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
+        hidden = hidden + layer.self_attn_layer_scale(attn.o_proj(out))
+        hidden = hidden + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
+    batch.commit()
+    return hidden
+
+
+def _state_nbytes(tensors) -> int:
+    return sum(t.nbytes for t in tensors if t is not None)
+
+
+@dataclass
+class MimiDecodeState:
+    """One session's decoder carry: one tensor per causal/transposed conv, and the transformer KV."""
+
+    convs: list[torch.Tensor]
+    kv: SlidingKV
+
+    @property
+    def nbytes(self) -> int:
+        return _state_nbytes(self.convs) + self.kv.nbytes
+
+    def release(self) -> None:
+        self.convs = []
+        self.kv.release()
+
+
+class _Carry:
+    """The conv states of one decode call: read in network order, written in the same order."""
+
+    def __init__(self, incoming: list[torch.Tensor]):
+        self.incoming = iter(incoming)
+        self.outgoing: list[torch.Tensor] = []
+
+
+class MimiStreamDecoder:
+    """Streaming `MimiModel.decode`: codes (B, Q, T) -> audio (B, channels, T * frame_size)."""
+
+    def __init__(self, mimi: nn.Module):
+        config = mimi.config
+        if not config.use_causal_conv or config.trim_right_ratio != 1.0:
+            raise ValueError("streaming decode needs causal convs trimmed on the right")
+        self.mimi = mimi
+        self.frame_samples = int(config.frame_size)
+        self.upsample, self.transformer, self.seanet = _decoder_parts(mimi)
+        self._carried = list(_carried_convs(self.seanet.layers))
+        if self.upsample is not None:
+            self._carried.insert(0, self.upsample)
+        for module in self._carried:
+            if isinstance(module, MimiConv1d) and (
+                module.pad_mode != "constant" or module.conv.stride[0] != 1
+            ):
+                raise ValueError("streaming decode supports stride-1 zero-padded convs only")
+
+    def new_state(self) -> MimiDecodeState:
+        param = next(self.mimi.parameters())
+        convs = []
+        for module in self._carried:
+            if isinstance(module, MimiConv1d):
+                shape = (1, module.in_channels, int(module.padding_total))
+            else:
+                conv = module.conv
+                shape = (1, conv.out_channels, conv.kernel_size[0] - conv.stride[0])
+            convs.append(torch.zeros(shape, dtype=param.dtype, device=param.device))
+        return MimiDecodeState(convs, _new_kv(self.transformer, param.dtype, param.device))
+
+    @torch.inference_mode()
+    def decode(self, states: list[MimiDecodeState], codes: torch.Tensor) -> torch.Tensor:
+        if codes.shape[0] != len(states):
+            raise ValueError(f"{len(states)} states for a batch of {codes.shape[0]}")
+        columns = zip(*(s.convs for s in states), strict=True)
+        carry = _Carry([column[0] if len(column) == 1 else torch.cat(column) for column in columns])
+        hidden = self.mimi.quantizer.decode(codes)
+        if self.upsample is not None:
+            hidden = _transposed(self.upsample, hidden, carry)
+        hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
+        audio = _run(self.seanet.layers, hidden.transpose(1, 2), carry)
+        for row, state in enumerate(states):
+            state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
+        return audio
+
+
+def _carried_convs(layers):
+    """The convs of a SEANet decoder that carry state, in the order `_run` meets them."""
+    for layer in layers:
+        if isinstance(layer, (MimiConv1d, MimiConvTranspose1d)):
+            yield layer
+        elif isinstance(layer, MimiResnetBlock):
+            yield from _carried_convs(layer.block)
+            if isinstance(layer.shortcut, MimiConv1d):
+                yield layer.shortcut
+
+
+def _run(layers, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
+    for layer in layers:
+        if isinstance(layer, MimiConv1d):
+            x = _causal(layer, x, carry)
+        elif isinstance(layer, MimiConvTranspose1d):
+            x = _transposed(layer, x, carry)
+        elif isinstance(layer, MimiResnetBlock):
+            residual = x
+            x = _run(layer.block, x, carry)
+            if isinstance(layer.shortcut, MimiConv1d):
+                residual = _causal(layer.shortcut, residual, carry)
+            x = residual + x
+        else:
+            x = layer(x)
+    return x
+
+
+def _causal(module: MimiConv1d, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
+    left = next(carry.incoming)
+    if left.shape[-1]:
+        x = torch.cat([left, x], dim=-1)
+    carry.outgoing.append(x[..., x.shape[-1] - left.shape[-1] :])
+    conv = module.conv
+    # On CPU, a conv over a few steps with a big kernel takes torch's slow im2col path (~7x
+    # slower at Mimi's 25 Hz layer); one GEMM with the weight as the large operand does not.
+    if conv.groups == 1 and conv.weight.numel() > 16 * x[0].numel():
+        return _conv_as_linear(x, conv)
+    return conv(x)
+
+
+def _transposed(module: MimiConvTranspose1d, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
+    conv = module.conv
+    stride = conv.stride[0]
+    tail = next(carry.incoming)
+    if conv.groups == 1:
+        y = _overlap_add(x, conv.weight, stride)
+    else:
+        y = F.conv_transpose1d(x, conv.weight, None, stride, groups=conv.groups)
+    y[..., : tail.shape[-1]] += tail
+    keep = x.shape[-1] * stride
+    carry.outgoing.append(y[..., keep:])
+    y = y[..., :keep]
+    return y if conv.bias is None else y + conv.bias[:, None]
+
+
+def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """`conv(x)` (no padding, stride 1) as unfold + one `F.linear`."""
+    out_channels, in_channels, kernel = conv.weight.shape
+    dilation = conv.dilation[0]
+    cols = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]
+    cols = cols.transpose(1, 2).reshape(x.shape[0], cols.shape[2], in_channels * kernel)
+    weight = conv.weight.view(out_channels, in_channels * kernel)
+    return F.linear(cols, weight, conv.bias).transpose(1, 2)
+
+
+def _overlap_add(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """`conv_transpose1d(x, weight, stride=stride)` as one matmul plus overlap-add.
+
+    On CPU, torch sends a transposed conv over a few input steps to its slow im2col path, which
+    costs as much for 2 steps as for 50; a matmul keeps the cost proportional to the input.
+    """
+    batch, _, length = x.shape
+    channels, kernel = weight.shape[1], weight.shape[2]
+    pieces = -(-kernel // stride)
+    cols = (x.transpose(1, 2) @ weight.reshape(weight.shape[0], -1)).view(
+        batch, length, channels, kernel
+    )
+    if pieces * stride != kernel:
+        cols = F.pad(cols, (0, pieces * stride - kernel))
+    cols = cols.view(batch, length, channels, pieces, stride).permute(0, 2, 3, 1, 4)
+    y = cols.new_zeros(batch, channels, length + pieces - 1, stride)
+    for piece in range(pieces):
+        y[:, :, piece : piece + length] += cols[:, :, piece]
+    return y.view(batch, channels, -1)[..., : (length - 1) * stride + kernel]
+
+
+@dataclass
+class MimiEncodeState:
+    """One session's encoder carry: transformers' per-conv padding entries, and the KV."""
+
+    convs: list[torch.Tensor | None]
+    kv: SlidingKV
+
+    @property
+    def nbytes(self) -> int:
+        return _state_nbytes(self.convs) + self.kv.nbytes
+
+    def release(self) -> None:
+        self.convs = [None] * len(self.convs)
+        self.kv.release()
+
+
+class _RowPaddingCache(MimiConv1dPaddingCache):
+    """`MimiConv1dPaddingCache` whose entries live per session, so fresh and running sessions
+    (which transformers would initialise all at once or not at all) share one batch."""
+
+    def __init__(self, layout: tuple[list[int], list[str], list[int]], rows: list[list]):
+        super().__init__(len(layout[0]), *layout)
+        self.rows = rows
+
+    def update(self, hidden_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        padding = self.per_layer_padding[layer_idx]
+        channels = self.per_layer_in_channels[layer_idx]
+        current = []
+        for i, row in enumerate(self.rows):
+            if row[layer_idx] is not None:
+                current.append(row[layer_idx])
+            elif self.per_layer_padding_mode[layer_idx] == "replicate":
+                current.append(hidden_states[i : i + 1, :, :1].expand(-1, -1, padding))
+            else:
+                current.append(hidden_states.new_zeros(1, channels, padding))
+        current = torch.cat(current)
+        if hidden_states.shape[-1] >= padding:
+            kept = hidden_states[..., hidden_states.shape[-1] - padding :]
+        else:
+            kept = torch.cat([current, hidden_states], dim=-1)[..., -padding:]
+        for i, row in enumerate(self.rows):
+            row[layer_idx] = kept[i : i + 1].clone()
+        return current
+
+
+class MimiStreamEncoder:
+    """Streaming `MimiModel.encode`: audio (B, channels, k * frame_size) -> codes (B, Q, k)."""
+
+    def __init__(self, mimi: nn.Module, num_quantizers: int | None = None):
+        self.mimi = mimi
+        self.num_quantizers = num_quantizers
+        self.frame_samples = int(mimi.config.frame_size)
+        self.seanet, self.transformer, self.downsample = _encoder_parts(mimi)
+        convs = [self.seanet.get_submodule(name) for name in self.seanet._conv1d_layer_names]
+        convs.append(self.downsample)
+        self._layout = (
+            [int(c.padding_total) for c in convs],
+            [c.pad_mode for c in convs],
+            [c.in_channels for c in convs],
+        )
+
+    def new_state(self) -> MimiEncodeState:
+        param = next(self.mimi.parameters())
+        convs = [None] * len(self._layout[0])
+        return MimiEncodeState(convs, _new_kv(self.transformer, param.dtype, param.device))
+
+    @torch.inference_mode()
+    def encode(self, states: list[MimiEncodeState], audio: torch.Tensor) -> torch.Tensor:
+        if audio.shape[0] != len(states):
+            raise ValueError(f"{len(states)} states for a batch of {audio.shape[0]}")
+        if audio.shape[-1] % self.frame_samples:
+            raise ValueError(f"chunks must be whole frames of {self.frame_samples} samples")
+        cache = _RowPaddingCache(self._layout, [s.convs for s in states])
+        hidden = self.seanet(audio, padding_cache=cache)
+        hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
+        latents = self.downsample(hidden.transpose(1, 2), padding_cache=cache)
+        return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
+
+
+def measure_stream_vs_offline(
+    mimi: nn.Module, n_frames: int, repeats: int = 3, sessions: int = 1
+) -> dict:
+    """Decode `n_frames` random frames per session offline (one session, one call) and streaming
+    (one frame per call, `sessions` sessions batched in each call).
+
+    Costs are per frame of one session, best of `repeats` runs. Diffs are against each session's
+    offline signal.
+    """
+    config = mimi.config
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(
+        0, config.codebook_size, (sessions, config.num_quantizers, n_frames), generator=generator
+    ).to(next(mimi.parameters()).device)
+    decoder = MimiStreamDecoder(mimi)
+    offline_s = stream_s = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            mimi.decode(codes[:1])
+        offline_s = min(offline_s, time.perf_counter() - start)
+        states = [decoder.new_state() for _ in range(sessions)]
+        start = time.perf_counter()
+        chunks = [decoder.decode(states, codes[:, :, t : t + 1]) for t in range(n_frames)]
+        stream_s = min(stream_s, (time.perf_counter() - start) / sessions)
+    with torch.inference_mode():
+        reference = torch.cat([mimi.decode(codes[i : i + 1]).audio_values for i in range(sessions)])
+    streamed = torch.cat(chunks, dim=-1)
+    rms = reference.pow(2).mean().sqrt().item()
+    max_abs_diff = (streamed - reference).abs().max().item()
+    return {
+        "n_frames": n_frames,
+        "sessions": sessions,
+        "offline_ms_per_frame": 1e3 * offline_s / n_frames,
+        "stream_ms_per_frame": 1e3 * stream_s / n_frames,
+        "ratio": stream_s / offline_s,
+        "max_abs_diff": max_abs_diff,
+        "signal_rms": rms,
+        "diff_over_rms": max_abs_diff / rms,
+    }
