@@ -40,6 +40,30 @@ def _call(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from duplex.bench.run import bench, table
+
+    settings = load_settings(args.config)
+    report = bench(
+        args.model or settings.model.name,
+        settings.model.cache_dir,
+        sessions=args.sessions,
+        duration_s=args.duration,
+        baseline=args.baseline == "per-session",
+        find=args.find_max,
+        limit=args.max_sessions,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
@@ -81,6 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--api-key", help="Bearer key, when the server requires one")
     call.set_defaults(func=_call)
+
+    bench = sub.add_parser(
+        "bench",
+        help="drive paced synthetic sessions and print per-stage figures",
+        description="Drive N paced synthetic sessions in-process in real time (20 ms frames, "
+        "turns of speech and silence, barge-ins) through the same session loop, VAD and engine "
+        "as the server; print a table and optionally JSON.",
+    )
+    bench.add_argument("--config", metavar="FILE")
+    bench.add_argument("--model", metavar="NAME|PATH", help="default: the configured model")
+    bench.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
+    bench.add_argument("--duration", type=float, default=15.0, help="seconds per run (default 15)")
+    bench.add_argument(
+        "--baseline",
+        choices=["per-session"],
+        help="also run the same load with one model call per session (no batching)",
+    )
+    bench.add_argument(
+        "--find-max",
+        action="store_true",
+        help="find the largest real-time N for batched and per-session modes; ratio = their quotient",
+    )
+    bench.add_argument("--max-sessions", type=int, default=128, help="upper bound for --find-max")
+    bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    bench.set_defaults(func=_bench)
     return parser
 
 

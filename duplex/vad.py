@@ -6,10 +6,13 @@ silero's scripted model keeps one hidden state for one batch; here each session 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+log = logging.getLogger("duplex.vad")
 
 VAD_RATE = 16000
 VAD_CHUNK = 512
@@ -104,4 +107,7 @@ class VadService:
             )
             for (_, _, callback), p in zip(entries, probs, strict=True):
                 if p:
-                    callback(p)
+                    try:
+                        callback(p)
+                    except Exception:
+                        log.exception("a VAD result could not be delivered")

@@ -62,7 +62,12 @@ class RealtimeSession:
         return int((time.monotonic() - self.t0) * RATE)
 
     def _post(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
+        # Engine and VAD threads may still answer after the session's loop has ended.
+        if not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
+            except RuntimeError:
+                pass
 
     def open(self) -> None:
         """Admit the session into the engine; raises AdmissionRefused when over a limit."""
