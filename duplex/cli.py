@@ -64,6 +64,28 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_build(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from models.registry import build_tiny, tiny_path
+
+    settings = load_settings(args.config)
+    cache_dir = args.cache_dir or settings.model.cache_dir
+    path = tiny_path(args.name, cache_dir)
+    if args.if_missing and (path / "config.json").is_file():
+        print(f"{path} already exists")
+        return 0
+    with tqdm(desc=f"building {args.name}", unit=" step", bar_format="{desc}: {n} steps {postfix}") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        build_tiny(args.name, cache_dir, progress=progress)
+    print(f"built {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
@@ -105,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--api-key", help="Bearer key, when the server requires one")
     call.set_defaults(func=_call)
+
+    models = sub.add_parser("models", help="build the tiny random-weight checkpoints")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    build = models_sub.add_parser(
+        "build",
+        help="build a tiny checkpoint (tiny-omni, tiny-moshi)",
+        description="Build a tiny random-weight checkpoint of the real architecture and save it "
+        "with save_pretrained under the model cache dir. It says nothing meaningful; it "
+        "exercises every stage.",
+    )
+    build.add_argument("name", choices=["tiny-omni", "tiny-moshi"])
+    build.add_argument("--config", metavar="FILE")
+    build.add_argument("--cache-dir", help="default: model.cache_dir from the config (.models)")
+    build.add_argument("--if-missing", action="store_true", help="do nothing if it already exists")
+    build.set_defaults(func=_models_build)
 
     bench = sub.add_parser(
         "bench",

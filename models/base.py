@@ -56,6 +56,10 @@ class DuplexModel(ABC):
     """Samples (at input_rate) per `encode_audio` chunk."""
     frame_samples: int
     """Output samples (at output_rate) per codec frame."""
+    max_thinker_lead: int = 4
+    """Thinker tokens that may wait for the Talker; 1 makes the two strictly alternate."""
+    accepts_partial_chunks: bool = False
+    """Whether the last chunk of a turn may be short; if not, the engine pads it with silence."""
     device: str = "cpu"
     dtype: str = "float32"
 
@@ -104,4 +108,4 @@ class DuplexModel(ABC):
 
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:
-        """Codes (Q, T) per session -> float32 PCM of T * frame_samples at output_rate."""
+        """Codes per session, (Q,) for one Talker frame or (Q, T) -> float32 PCM at output_rate."""

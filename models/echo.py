@@ -22,6 +22,7 @@ class EchoModel(DuplexModel):
     output_rate = RATE
     input_chunk_samples = FRAME
     frame_samples = FRAME
+    accepts_partial_chunks = True
 
     def new_state(self, session_id: str) -> ModelState:
         return ModelState(session_id, {"heard": [], "reply": None, "cursor": 0})

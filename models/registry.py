@@ -30,14 +30,21 @@ def tiny_path(name: str, cache_dir: str | Path) -> Path:
 
 
 def build_tiny(name: str, cache_dir: str | Path, progress=None) -> Path:
+    """Build a tiny random-weight checkpoint; `progress(message)` hears each step."""
     path = tiny_path(name, cache_dir)
+    report = progress or (lambda message: None)
     if TINY.get(name) == "qwen3_omni_moe":
-        from models.qwen3_omni.tiny import build_tiny as build
+        from models.qwen3_omni.tiny import build_tiny as build_omni
+
+        build_omni(path, progress=report)
     elif TINY.get(name) == "moshi":
-        from models.moshi.tiny import build_tiny as build
+        from models.moshi.tiny import build_tiny as build_moshi
+
+        report("building and saving tiny Moshi")
+        build_moshi(path)
     else:
         raise ModelNotFound(f"unknown tiny model '{name}'; choose one of {sorted(TINY)}")
-    build(path, progress=progress)
+    report(f"saved {path}")
     return path
 
 

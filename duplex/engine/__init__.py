@@ -1,7 +1,14 @@
 """The stage graph: per-stage queues, cross-session batching, state lifecycle, admission."""
 
 from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig
-from duplex.engine.scheduler import AudioOut, ResponseFinished, Scheduler, SchedulerConfig, Stage
+from duplex.engine.scheduler import (
+    AudioOut,
+    ResponseFinished,
+    Scheduler,
+    SchedulerConfig,
+    SessionFailed,
+    Stage,
+)
 
 __all__ = [
     "AdmissionRefused",
@@ -11,5 +18,6 @@ __all__ = [
     "ResponseFinished",
     "Scheduler",
     "SchedulerConfig",
+    "SessionFailed",
     "Stage",
 ]

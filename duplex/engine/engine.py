@@ -22,6 +22,7 @@ from duplex.engine.scheduler import (
     ResponseFinished,
     Scheduler,
     SchedulerConfig,
+    SessionFailed,
     Stage,
     StepPlan,
 )
@@ -30,7 +31,7 @@ from duplex.media import Framer
 from models.base import DuplexModel, ModelState
 
 log = logging.getLogger("duplex.engine")
-Deliver = Callable[[AudioOut | ResponseFinished], None]
+Deliver = Callable[[AudioOut | ResponseFinished | SessionFailed], None]
 
 
 class AdmissionRefused(Exception):
@@ -64,6 +65,7 @@ class Engine:
         self.model = model
         self.config = config or EngineConfig()
         sched_cfg = self.config.scheduler or SchedulerConfig(output_rate=model.output_rate)
+        sched_cfg.token_lead = min(sched_cfg.token_lead, model.max_thinker_lead)
         self.scheduler = Scheduler(self.config.max_sessions, sched_cfg)
         self.stats = EngineStats()
         self.load = 0.0
@@ -127,6 +129,8 @@ class Engine:
         """Reply, in `epoch`, to everything pushed so far (a partial last chunk included)."""
         rest = self._callers[session_id].framer.flush()
         if len(rest):
+            if not self.model.accepts_partial_chunks:
+                rest = np.pad(rest, (0, self.model.input_chunk_samples - len(rest)))
             self._control.put(("push", (session_id, rest)))
         self._control.put(("commit", (session_id, epoch)))
 
@@ -169,9 +173,14 @@ class Engine:
             if not plan.empty:
                 try:
                     self._step(plan, start)
-                except Exception:
+                except Exception as exc:
                     log.exception("engine step failed; closing the sessions in it")
-                    for sid in {e.session_id for b in plan.batches for e in b.entries}:
+                    failed = {e.session_id for b in plan.batches for e in b.entries}
+                    failed |= {e.session_id for e in plan.begin}
+                    for sid in failed:
+                        caller = self._callers.get(sid)
+                        if caller is not None:
+                            caller.deliver(SessionFailed(sid, f"{type(exc).__name__}: {exc}"))
                         self._control.put(("close", (sid,)))
                 window_busy += time.monotonic() - start
             self._collect_drops()

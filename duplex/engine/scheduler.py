@@ -82,6 +82,14 @@ class ResponseFinished:
     n_samples: int
 
 
+@dataclass(frozen=True, slots=True)
+class SessionFailed:
+    """The model raised on a batch holding this session; the engine has closed it."""
+
+    session_id: str
+    message: str
+
+
 @dataclass
 class Response:
     epoch: int
@@ -119,6 +127,10 @@ class SchedulerConfig:
     codes_lead: int = 2
     audio_lead_s: float = 1.0
     """Reply audio generated ahead of real time (after the first frame) before the Talker waits."""
+    batch_window_s: float = 0.4
+    """When one session's Talker is due, sessions due within this much later join its batch."""
+    encode_wait_s: float = 0.03
+    """Input chunks wait up to this long so the chunks of several sessions share one encode."""
     output_rate: int = 24000
 
 
@@ -207,36 +219,39 @@ class Scheduler:
         cfg = self.config
         picks: dict[Stage, list[Entry]] = {stage: [] for stage in Stage}
         begin: list[Entry] = []
+        talker_ready: list[tuple[float, SessionQueues]] = []
+        encode_due = False
         for sq in self.sessions.values():
             q = sq.queues
             r = sq.response
-
-            def entry(payload: Payload | None = None, sq: SessionQueues = sq) -> Entry:
-                return Entry(sq.session_id, sq.slot, sq.epoch, payload)
-
             if q[Kind.CODES]:
-                picks[Stage.CODEC].append(entry(q[Kind.CODES].popleft()))
+                picks[Stage.CODEC].append(self._entry(sq, q[Kind.CODES].popleft()))
             if r is not None and not r.talker_done and len(q[Kind.CODES]) < cfg.codes_lead:
-                ahead_s = (
-                    0.0
-                    if r.first_audio_at is None
-                    else r.emitted_samples / cfg.output_rate - (now - r.first_audio_at)
-                )
-                if (q[Kind.TOKENS] or r.thinker_done) and ahead_s < cfg.audio_lead_s:
-                    token = q[Kind.TOKENS].popleft() if q[Kind.TOKENS] else None
-                    picks[Stage.TALKER].append(entry(token))
+                if q[Kind.TOKENS] or r.thinker_done:
+                    talker_ready.append((self._ahead_s(r, now), sq))
             if r is not None and not r.thinker_done and len(q[Kind.TOKENS]) < cfg.token_lead:
-                picks[Stage.THINKER].append(entry())
+                picks[Stage.THINKER].append(self._entry(sq))
             marker = sq.commit[1] if sq.commit is not None else None
             if sq.commit is not None and sq.prefilled_seq >= marker and r is None:
                 sq.response = Response(epoch=sq.epoch)
                 sq.commit = None
-                begin.append(entry())
+                begin.append(self._entry(sq))
             elif q[Kind.FEATURES] and (r is None or r.thinker_done):
                 if marker is None or q[Kind.FEATURES][0].seq < marker:
-                    picks[Stage.PREFILL].append(entry(q[Kind.FEATURES].popleft()))
+                    picks[Stage.PREFILL].append(self._entry(sq, q[Kind.FEATURES].popleft()))
             if q[Kind.PCM_IN]:
-                picks[Stage.ENCODE].append(entry(q[Kind.PCM_IN].popleft()))
+                oldest = q[Kind.PCM_IN][0]
+                encode_due |= now - oldest.enqueued_at >= cfg.encode_wait_s or marker is not None
+        # Talkers run by playback deadline: once one is due, those due soon after join it.
+        if any(ahead < cfg.audio_lead_s for ahead, _ in talker_ready):
+            for ahead, sq in talker_ready:
+                if ahead < cfg.audio_lead_s + cfg.batch_window_s:
+                    q = sq.queues[Kind.TOKENS]
+                    picks[Stage.TALKER].append(self._entry(sq, q.popleft() if q else None))
+        if encode_due or sum(bool(sq.queues[Kind.PCM_IN]) for sq in self.sessions.values()) >= cfg.max_batch:
+            for sq in self.sessions.values():
+                if sq.queues[Kind.PCM_IN]:
+                    picks[Stage.ENCODE].append(self._entry(sq, sq.queues[Kind.PCM_IN].popleft()))
         batches = []
         for stage in STAGE_ORDER:
             chosen = picks[stage]
@@ -246,6 +261,16 @@ class Scheduler:
             if chosen[: cfg.max_batch]:
                 batches.append(StageBatch(stage, tuple(chosen[: cfg.max_batch])))
         return StepPlan(tuple(begin), tuple(batches))
+
+    @staticmethod
+    def _entry(sq: SessionQueues, payload: Payload | None = None) -> Entry:
+        return Entry(sq.session_id, sq.slot, sq.epoch, payload)
+
+    def _ahead_s(self, r: Response, now: float) -> float:
+        """Seconds of reply audio generated beyond what real-time playback has consumed."""
+        if r.first_audio_at is None:
+            return 0.0
+        return r.emitted_samples / self.config.output_rate - (now - r.first_audio_at)
 
     def _requeue(self, stage: Stage, e: Entry) -> None:
         sq = self.sessions[e.session_id]

@@ -109,6 +109,8 @@ def _layers_step(
 
 class MoshiAdapter(DuplexModel):
     name = "moshi"
+    # Each decode step needs its depth-decoded audio codes before the next one.
+    max_thinker_lead = 1
 
     def __init__(
         self,
@@ -357,6 +359,8 @@ class MoshiAdapter(DuplexModel):
 
     @torch.inference_mode()
     def codec_decode(self, states: list[ModelState], codes: list[np.ndarray]) -> list[np.ndarray]:
+        # A Talker frame is (Q,); longer runs come as (Q, T).
+        codes = [c[:, None] if np.ndim(c) == 1 else c for c in map(np.asarray, codes)]
         by_length: dict[int, list[int]] = {}
         for i, frame_codes in enumerate(codes):
             by_length.setdefault(np.shape(frame_codes)[-1], []).append(i)

@@ -19,8 +19,11 @@ def stages(plan):
     return {b.stage: [e.session_id for e in b.entries] for b in plan.batches}
 
 
+NOW = SchedulerConfig(encode_wait_s=0.0)
+
+
 def test_ready_work_of_all_sessions_shares_one_batch_per_stage():
-    s = Scheduler(4)
+    s = Scheduler(4, NOW)
     for sid in "abc":
         s.add_session(sid)
         s.push_input(sid, np.zeros(1920, np.float32), 0.0, "v")
@@ -30,7 +33,7 @@ def test_ready_work_of_all_sessions_shares_one_batch_per_stage():
 
 
 def test_max_batch_leaves_the_rest_queued_in_order():
-    s = Scheduler(4, SchedulerConfig(max_batch=2))
+    s = Scheduler(4, SchedulerConfig(max_batch=2, encode_wait_s=0.0))
     for sid in "abc":
         s.add_session(sid)
         s.push_input(sid, np.zeros(10, np.float32), 0.0, "v")
@@ -39,7 +42,7 @@ def test_max_batch_leaves_the_rest_queued_in_order():
 
 
 def test_reply_begins_only_after_committed_input_is_prefilled():
-    s = Scheduler(2)
+    s = Scheduler(2, NOW)
     s.add_session("a")
     s.push_input("a", np.zeros(10, np.float32), 0.0, "v")
     s.commit("a", 0)
@@ -122,7 +125,7 @@ def test_results_planned_before_a_cancel_are_dropped_not_routed():
 
 
 def test_a_reused_slot_never_receives_the_previous_owners_result():
-    s = Scheduler(1)
+    s = Scheduler(1, NOW)
     s.add_session("old")
     s.push_input("old", np.zeros(10, np.float32), 0.0, "v")
     plan = s.schedule(0.0)
@@ -150,3 +153,25 @@ def test_talker_waits_when_audio_runs_ahead_of_real_time():
     r.emitted_samples = 24000
     assert Stage.TALKER not in stages(s.schedule(10.4))
     assert Stage.TALKER in stages(s.schedule(10.6))
+
+
+def test_input_chunks_wait_briefly_so_sessions_share_an_encode():
+    s = Scheduler(4, SchedulerConfig(encode_wait_s=0.03))
+    s.add_session("a")
+    s.add_session("b")
+    s.push_input("a", np.zeros(10, np.float32), 10.00, "v")
+    assert stages(s.schedule(10.01)) == {}
+    s.push_input("b", np.zeros(10, np.float32), 10.02, "v")
+    assert stages(s.schedule(10.04)) == {Stage.ENCODE: ["a", "b"]}
+
+
+def test_talkers_due_soon_join_the_one_that_is_due():
+    s = Scheduler(3, SchedulerConfig(audio_lead_s=1.0, batch_window_s=0.4))
+    for sid, ahead in (("due", 0.9), ("soon", 1.2), ("later", 1.6)):
+        s.add_session(sid)
+        begin(s, sid)
+        r = s.sessions[sid].response
+        r.thinker_done = True
+        r.first_audio_at = 0.0
+        r.emitted_samples = int(ahead * 24000)
+    assert stages(s.schedule(0.0)) == {Stage.TALKER: ["due", "soon"]}

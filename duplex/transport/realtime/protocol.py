@@ -669,6 +669,23 @@ class RealtimeProtocol:
             r.engine_done = True
         return []
 
+    def on_engine_failed(self, message: str) -> list[Effect]:
+        """The model failed on this session: say so, end any reply, close with 1011."""
+        out: list[Effect] = []
+        if self.response is not None:
+            self.outbox.clear()
+            self.response.item.status = "incomplete"
+            wire = self._response_wire("failed")
+            wire["status_details"] = {"type": "failed", "reason": None,
+                                      "error": {"type": "server_error", "code": "model_error"}}
+            self._emit(out, "response.done", response=wire)
+            self.response = None
+        self._error(out, "model_error", f"The model failed on this session: {message}",
+                    kind="server_error")
+        self.closed = True
+        out.append(CloseConnection(1011, "model error"))
+        return out
+
     def played_estimate(self, now: int) -> int:
         if self.anchor is None:
             return self.tx_samples

@@ -13,7 +13,7 @@ import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex.engine import AdmissionRefused, AudioOut, Engine, ResponseFinished
+from duplex.engine import AdmissionRefused, AudioOut, Engine, ResponseFinished, SessionFailed
 from duplex.transport.realtime.protocol import (
     RATE,
     CloseConnection,
@@ -122,6 +122,8 @@ class RealtimeSession:
                 effects = p.on_engine_audio(item[1].epoch, item[1].pcm, item[1].text)
             elif kind == "engine" and isinstance(item[1], ResponseFinished):
                 effects = p.on_engine_finished(item[1].epoch)
+            elif kind == "engine" and isinstance(item[1], SessionFailed):
+                effects = p.on_engine_failed(item[1].message)
             else:
                 effects = []
             effects += p.release_output(self.now_sample())
