@@ -31,14 +31,17 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# The embedded default serves the tiny random-weight Qwen3-Omni; build it on first start.
 serve: $(VENV)/.runtime
+	$(VENV)/bin/duplex models build tiny-omni --if-missing
 	$(VENV)/bin/duplex serve
 
 test: $(VENV)/.test system-deps
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.runtime
-	$(VENV)/bin/duplex bench
+	$(VENV)/bin/duplex models build tiny-omni --if-missing
+	$(VENV)/bin/duplex bench --baseline per-session
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .

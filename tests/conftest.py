@@ -56,3 +56,11 @@ def server_process():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_omni_dir(tmp_path_factory):
+    """The tiny Qwen3-Omni checkpoint, built once per run the way `duplex models build` does."""
+    from models.registry import build_tiny
+
+    return build_tiny("tiny-omni", tmp_path_factory.mktemp("models"))

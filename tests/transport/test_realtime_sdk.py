@@ -164,3 +164,25 @@ async def test_two_sessions_never_see_each_others_events_or_audio(echo_server):
     items_a = {e.item_id for e in ev_a if hasattr(e, "item_id")}
     items_b = {e.item_id for e in ev_b if hasattr(e, "item_id")}
     assert items_a and items_b and not items_a & items_b
+
+
+@pytest.mark.slow
+async def test_tiny_omni_answers_a_full_turn(server_process, tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
+    async with client_for(server).realtime.connect(model="tiny-omni") as conn:
+        created = await conn.recv()
+        assert created.session.model == str(tiny_omni_dir)
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await conn.recv()
+        await append_paced(conn, pcm16(babble(RATE, seed=9)))
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = await collect_until(conn, "response.done", timeout=60)
+    assert events[-1].response.status == "completed"
+    audio = np.frombuffer(reply_audio(events), dtype="<i2")
+    # The tiny checkpoint is forced to speak 25-50 codec frames of 80 ms.
+    assert 2 * RATE <= len(audio) <= 4 * RATE + RATE // 10
+    assert np.abs(audio).max() > 100
+    deltas = [e.delta for e in events if e.type == "response.output_audio_transcript.delta"]
+    done = next(e for e in events if e.type == "response.output_audio_transcript.done")
+    assert deltas and done.transcript == "".join(deltas)
