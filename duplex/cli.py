@@ -20,6 +20,10 @@ def _serve(args: argparse.Namespace) -> int:
         cli.setdefault("server", {})["port"] = args.port
     if args.model is not None:
         cli.setdefault("model", {})["name"] = args.model
+    if args.redis_url is not None:
+        cli.setdefault("store", {})["redis_url"] = args.redis_url
+    if args.node_id is not None:
+        cli.setdefault("store", {})["node_id"] = args.node_id
     settings = load_settings(args.config, cli=cli)
     serve(settings)
     return 0
@@ -108,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME|PATH",
         help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory",
     )
+    serve.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help="keep the session registry in Redis (redis://HOST:PORT/DB), shared by all nodes",
+    )
+    serve.add_argument("--node-id", help="this node's name in the registry (default: host-pid)")
     serve.set_defaults(func=_serve)
 
     call = sub.add_parser(

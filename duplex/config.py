@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "DUPLEX_"
 
@@ -55,8 +55,39 @@ class RealtimeSettings(_Section):
     """Errors one connection may cause before it is closed with 1008."""
 
 
+class IceServer(_Section):
+    urls: str | list[str]
+    username: str | None = None
+    credential: str | None = None
+
+
+class WebRTCSettings(_Section):
+    host_addresses: list[str] = ["127.0.0.1"]
+    """Extra host candidates; aioice skips loopback, so a loopback-only host needs this."""
+    ice_servers: list[IceServer] = []
+    """STUN/TURN servers for real deployments, e.g. {urls = "turn:turn.example:3478", ...}."""
+    video_fps: float = Field(2.0, gt=0, le=30)
+    """Camera frames per second sampled (by timestamp) into the vision encoder."""
+
+
 class StoreSettings(_Section):
-    backend: Literal["memory"] = "memory"
+    backend: Literal["memory", "redis"] = "memory"
+    """memory: this process only. redis: shared by every node (a redis_url selects it)."""
+    redis_url: str = ""
+    node_id: str = ""
+    """This node's name in the registry; empty: hostname and process id."""
+    retention_s: float = Field(120.0, gt=0)
+    """A session stays resumable this long after its last activity."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """How often a live session is saved; a node that lost it finds out within this time."""
+
+    @model_validator(mode="after")
+    def _url_selects_redis(self) -> StoreSettings:
+        if self.redis_url and self.backend == "memory":
+            object.__setattr__(self, "backend", "redis")
+        if self.backend == "redis" and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("store.redis_url must be redis://HOST:PORT/DB when backend is redis")
+        return self
 
 
 class Settings(_Section):
@@ -64,6 +95,7 @@ class Settings(_Section):
     model: ModelSettings = ModelSettings()
     engine: EngineSettings = EngineSettings()
     realtime: RealtimeSettings = RealtimeSettings()
+    webrtc: WebRTCSettings = WebRTCSettings()
     store: StoreSettings = StoreSettings()
 
 
@@ -95,11 +127,16 @@ def _validate(data: dict[str, Any], source: str) -> Settings:
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
 
 
+# Conveniences that deployments expect by these names.
+ENV_ALIASES = {"DUPLEX_REDIS_URL": "DUPLEX_STORE__REDIS_URL"}
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
+        name = ENV_ALIASES.get(name, name)
         path = name[len(ENV_PREFIX) :].lower().split("__")
         node = out
         for part in path[:-1]:

@@ -19,6 +19,7 @@ from duplex.hub import SessionHub
 from duplex.metrics import Metrics
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.ws import realtime_endpoint
+from duplex.transport.webrtc.calls import CallRegistry
 from duplex.vad import VadService
 from models.registry import load_model
 
@@ -78,6 +79,10 @@ def create_app(settings: Settings) -> Starlette:
         output_lead_ms=rs.output_lead_ms,
         max_errors=rs.max_errors,
     )
+    calls = CallRegistry(
+        lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
+        settings.webrtc,
+    )
     realtime = realtime_endpoint(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub
     )
@@ -85,6 +90,8 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         Route("/healthz", healthz),
         Route("/metrics", metrics_endpoint),
+        Route("/v1/realtime/calls", calls.create, methods=["POST"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", calls.hangup, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime),
         WebSocketRoute("/realtime", realtime),
         Mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client"),

@@ -4,6 +4,7 @@ from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig
 from duplex.engine.scheduler import (
     AudioOut,
     ResponseFinished,
+    ResponseTimings,
     Scheduler,
     SchedulerConfig,
     SessionFailed,
@@ -16,6 +17,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "ResponseFinished",
+    "ResponseTimings",
     "Scheduler",
     "SchedulerConfig",
     "SessionFailed",

@@ -20,6 +20,7 @@ from duplex.engine.scheduler import (
     Drop,
     EngineFull,
     ResponseFinished,
+    ResponseTimings,
     Scheduler,
     SchedulerConfig,
     SessionFailed,
@@ -31,7 +32,7 @@ from duplex.media import Framer
 from models.base import DuplexModel, ModelState
 
 log = logging.getLogger("duplex.engine")
-Deliver = Callable[[AudioOut | ResponseFinished | SessionFailed], None]
+Deliver = Callable[[AudioOut | ResponseFinished | ResponseTimings | SessionFailed], None]
 
 
 class AdmissionRefused(Exception):
@@ -125,6 +126,13 @@ class Engine:
         for chunk in caller.framer.push(pcm):
             self._control.put(("push", (session_id, chunk)))
 
+    def push_frame(self, session_id: str, frame: np.ndarray) -> bool:
+        """An RGB uint8 camera frame (H, W, 3), already sampled; False if the model has no eyes."""
+        if not self.model.supports_video:
+            return False
+        self._control.put(("frame", (session_id, frame)))
+        return True
+
     def commit(self, session_id: str, epoch: int) -> None:
         """Reply, in `epoch`, to everything pushed so far (a partial last chunk included)."""
         rest = self._callers[session_id].framer.flush()
@@ -132,7 +140,7 @@ class Engine:
             if not self.model.accepts_partial_chunks:
                 rest = np.pad(rest, (0, self.model.input_chunk_samples - len(rest)))
             self._control.put(("push", (session_id, rest)))
-        self._control.put(("commit", (session_id, epoch)))
+        self._control.put(("commit", (session_id, epoch, time.monotonic())))
 
     def clear_input(self, session_id: str) -> None:
         self._callers[session_id].framer.flush()
@@ -226,6 +234,10 @@ class Engine:
             sid, chunk = args
             self.scheduler.push_input(sid, chunk, time.monotonic(), self.version)
             self._refresh_bytes(sid)
+        elif op == "frame":
+            sid, frame = args
+            self.scheduler.push_frame(sid, frame, time.monotonic(), self.version)
+            self._refresh_bytes(sid)
         elif op == "commit":
             self.scheduler.commit(*args)
         elif op == "clear":
@@ -288,6 +300,8 @@ class Engine:
         states = [self._states[e.session_id] for e in entries]
         if stage is Stage.ENCODE:
             return m.encode_audio(states, [e.payload.data for e in entries])
+        if stage is Stage.VISION:
+            return m.encode_video(states, [e.payload.data for e in entries])
         if stage is Stage.PREFILL:
             m.thinker_prefill(states, [e.payload.data for e in entries])
             return [None] * len(entries)

@@ -9,13 +9,14 @@ from typing import Any
 
 class Kind(StrEnum):
     PCM_IN = "pcm_in"
+    FRAME_IN = "frame_in"
     FEATURES = "features"
     TOKENS = "tokens"
     CODES = "codes"
     PCM_OUT = "pcm_out"
 
 
-INPUT_KINDS = frozenset({Kind.PCM_IN, Kind.FEATURES})
+INPUT_KINDS = frozenset({Kind.PCM_IN, Kind.FRAME_IN, Kind.FEATURES})
 """The user's input belongs to the session's input timeline: a cancel never drops it."""
 
 

@@ -17,6 +17,7 @@ from duplex.engine.payload import INPUT_KINDS, Kind, Payload
 
 class Stage(StrEnum):
     ENCODE = "encode"
+    VISION = "vision"
     PREFILL = "prefill"
     THINKER = "thinker"
     TALKER = "talker"
@@ -24,7 +25,9 @@ class Stage(StrEnum):
 
 
 # Downstream first: a frame already on its way out never waits behind new input.
-STAGE_ORDER = (Stage.CODEC, Stage.TALKER, Stage.THINKER, Stage.PREFILL, Stage.ENCODE)
+STAGE_ORDER = (
+    Stage.CODEC, Stage.TALKER, Stage.THINKER, Stage.PREFILL, Stage.ENCODE, Stage.VISION,
+)
 
 
 class EngineFull(Exception):
@@ -90,9 +93,26 @@ class SessionFailed:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseTimings:
+    """Milliseconds from the reply request to each stage's first output (first audio time)."""
+
+    session_id: str
+    epoch: int
+    input_ms: float
+    """Encoding and prefill of the input still queued when the reply was asked for."""
+    thinker_first_token_ms: float
+    talker_first_codes_ms: float
+    codec_first_audio_ms: float
+
+
 @dataclass
 class Response:
     epoch: int
+    requested_at: float = 0.0
+    begun_at: float = 0.0
+    first_token_at: float | None = None
+    first_codes_at: float | None = None
     thinker_done: bool = False
     talker_done: bool = False
     emitted_samples: int = 0
@@ -111,8 +131,9 @@ class SessionQueues:
     input_seq: int = 0
     input_samples: int = 0
     prefilled_seq: int = 0
-    commit: tuple[int, int] | None = None
-    """(epoch, input_seq) of a requested reply: it begins once input before the marker is in."""
+    commit: tuple[int, int, float] | None = None
+    """(epoch, input_seq, time) of a requested reply: it begins once input before the marker
+    is in the Thinker context."""
     response: Response | None = None
 
     def queued_bytes(self) -> int:
@@ -165,27 +186,31 @@ class Scheduler:
         n = len(pcm)
         sq.queues[Kind.PCM_IN].append(
             Payload(
-                session_id,
-                sq.epoch,
-                Kind.PCM_IN,
-                pcm,
-                sq.input_seq,
-                sq.input_samples,
-                sq.input_samples + n,
-                version,
-                enqueued_at=now,
+                session_id, sq.epoch, Kind.PCM_IN, pcm, sq.input_seq,
+                sq.input_samples, sq.input_samples + n, version, enqueued_at=now,
             )
         )
         sq.input_seq += 1
         sq.input_samples += n
 
-    def commit(self, session_id: str, epoch: int) -> None:
+    def push_frame(self, session_id: str, frame: Any, now: float, version: str) -> None:
+        """A sampled camera frame, placed in the input sequence at the audio received so far."""
+        sq = self.sessions[session_id]
+        sq.queues[Kind.FRAME_IN].append(
+            Payload(
+                session_id, sq.epoch, Kind.FRAME_IN, frame, sq.input_seq,
+                sq.input_samples, sq.input_samples, version, enqueued_at=now,
+            )
+        )
+        sq.input_seq += 1
+
+    def commit(self, session_id: str, epoch: int, now: float = 0.0) -> None:
         """Request a reply in `epoch` to everything pushed so far."""
         sq = self.sessions[session_id]
         if epoch != sq.epoch:
             self.drops.append(Drop(session_id, "commit", 1, 0, "stale_epoch"))
             return
-        sq.commit = (epoch, sq.input_seq)
+        sq.commit = (epoch, sq.input_seq, now)
 
     def clear_input(self, session_id: str) -> None:
         """Drop input not yet in the Thinker context (the user cleared the input buffer)."""
@@ -233,12 +258,16 @@ class Scheduler:
                 picks[Stage.THINKER].append(self._entry(sq))
             marker = sq.commit[1] if sq.commit is not None else None
             if sq.commit is not None and sq.prefilled_seq >= marker and r is None:
-                sq.response = Response(epoch=sq.epoch)
+                sq.response = Response(epoch=sq.epoch, requested_at=sq.commit[2], begun_at=now)
                 sq.commit = None
                 begin.append(self._entry(sq))
             elif q[Kind.FEATURES] and (r is None or r.thinker_done):
-                if marker is None or q[Kind.FEATURES][0].seq < marker:
+                # Input enters the Thinker strictly in arrival order, audio and video alike.
+                head = q[Kind.FEATURES][0]
+                if head.seq == sq.prefilled_seq and (marker is None or head.seq < marker):
                     picks[Stage.PREFILL].append(self._entry(sq, q[Kind.FEATURES].popleft()))
+            if q[Kind.FRAME_IN]:
+                picks[Stage.VISION].append(self._entry(sq, q[Kind.FRAME_IN].popleft()))
             if q[Kind.PCM_IN]:
                 oldest = q[Kind.PCM_IN][0]
                 encode_due |= now - oldest.enqueued_at >= cfg.encode_wait_s or marker is not None
@@ -279,6 +308,16 @@ class Scheduler:
 
     # -- results --------------------------------------------------------------------------
 
+    @staticmethod
+    def _timings(sq: SessionQueues, r: Response, now: float) -> ResponseTimings:
+        def ms(t: float | None) -> float:
+            return round(((t if t is not None else now) - r.requested_at) * 1000, 2)
+
+        return ResponseTimings(
+            sq.session_id, r.epoch, ms(r.begun_at), ms(r.first_token_at),
+            ms(r.first_codes_at), ms(now),
+        )
+
     def owner(self, e: Entry, *, output_path: bool) -> SessionQueues | None:
         """The session an entry's result belongs to, or None if it must be dropped.
 
@@ -296,8 +335,8 @@ class Scheduler:
 
     def update(
         self, plan: StepPlan, results: dict[Stage, list[Any]], now: float, version: str
-    ) -> list[AudioOut | ResponseFinished]:
-        out: list[AudioOut | ResponseFinished] = []
+    ) -> list[AudioOut | ResponseFinished | ResponseTimings]:
+        out: list[AudioOut | ResponseFinished | ResponseTimings] = []
         for batch in plan.batches:
             for e, result in zip(batch.entries, results[batch.stage], strict=True):
                 output_path = batch.stage in (Stage.THINKER, Stage.TALKER, Stage.CODEC)
@@ -309,12 +348,15 @@ class Scheduler:
 
     def _apply(self, stage, sq, e, result, now, version, out) -> None:
         p = e.payload
-        if stage is Stage.ENCODE:
-            sq.queues[Kind.FEATURES].append(
+        if stage in (Stage.ENCODE, Stage.VISION):
+            features = sq.queues[Kind.FEATURES]
+            at = next((i for i, f in enumerate(features) if f.seq > p.seq), len(features))
+            features.insert(
+                at,
                 Payload(
                     sq.session_id, p.epoch, Kind.FEATURES, result, p.seq,
                     p.media_start, p.media_end, version, enqueued_at=now,
-                )
+                ),
             )
         elif stage is Stage.PREFILL:
             sq.prefilled_seq = p.seq + 1
@@ -327,10 +369,14 @@ class Scheduler:
                 )
             )
             r.thinker_done = result.finished
+            if r.first_token_at is None:
+                r.first_token_at = now
         elif stage is Stage.TALKER:
             r = sq.response
             text = p.text if p is not None else ""
             if result.codes is not None:
+                if r.first_codes_at is None:
+                    r.first_codes_at = now
                 sq.queues[Kind.CODES].append(
                     Payload(
                         sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0,
@@ -344,6 +390,7 @@ class Scheduler:
             if len(result):
                 if r.first_audio_at is None:
                     r.first_audio_at = now
+                    out.append(self._timings(sq, r, now))
                 out.append(
                     AudioOut(sq.session_id, sq.epoch, p.seq, result, p.text, r.emitted_samples)
                 )

@@ -71,6 +71,12 @@ class EnginePush:
 
 
 @dataclass(frozen=True)
+class EnginePushFrame:
+    frame: Any
+    """A sampled camera frame as the carrier decoded it (an RGB array or an av.VideoFrame)."""
+
+
+@dataclass(frozen=True)
 class EngineCommit:
     epoch: int
 
@@ -92,12 +98,37 @@ class VadFeed:
 
 
 @dataclass(frozen=True)
+class PlayAudio:
+    """Reply audio for a media track (WebRTC): float32 at 24 kHz from `start_sample`."""
+
+    start_sample: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class FlushAudio:
+    """Drop every queued frame of the media track at once (barge-in)."""
+
+
+@dataclass(frozen=True)
 class CloseConnection:
     code: int
     reason: str
 
 
-Effect = Send | EnginePush | EngineCommit | EngineCancel | EngineClearInput | VadFeed | CloseConnection
+@dataclass(frozen=True)
+class ResumeSession:
+    """Look the session up in the registry and claim it; answer with `resumed` or
+    `resume_failed`."""
+
+    session_id: str
+    resume_token: str
+
+
+Effect = (
+    Send | EnginePush | EnginePushFrame | EngineCommit | EngineCancel | EngineClearInput | VadFeed | PlayAudio
+    | FlushAudio | CloseConnection | ResumeSession
+)
 
 
 @dataclass
@@ -143,6 +174,7 @@ class ActiveResponse:
     epoch: int
     item: ItemRecord
     engine_done: bool = False
+    audio_started: bool = False
     transcript: list[str] = field(default_factory=list)
 
 
@@ -163,12 +195,21 @@ class RealtimeProtocol:
         model_output_rate: int,
         beta: bool = False,
         limits: Limits | None = None,
+        media_track: bool = False,
+        video_interval_samples: int = RATE // 2,
+        resume_token: str | None = None,
     ) -> None:
         self.session_id = session_id
+        self.resume_token = resume_token
+        """Sent once, in session.created (and session.resumed); the registry keeps its hash."""
+        self.media_track = media_track
+        """Reply audio goes to a paced media track (WebRTC) instead of audio delta events."""
+        self.track_playhead: int | None = None
         self.model = model
         self.beta = beta
         self.limits = limits or Limits()
-        self.core = Session(session_id, sample_rate=RATE)
+        self.core = Session(session_id, sample_rate=RATE,
+                            video_interval_samples=video_interval_samples)
         self.model_input_rate = model_input_rate
         self.model_output_rate = model_output_rate
         self.input_format = "audio/pcm"
@@ -194,6 +235,7 @@ class RealtimeProtocol:
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
         self.errors = 0
+        self.client_events = 0
         self.closed = False
 
     # -- ids and event framing ---------------------------------------------------------------
@@ -272,9 +314,15 @@ class RealtimeProtocol:
 
     # -- entry points ---------------------------------------------------------------------
 
+    def _session_with_token(self) -> dict[str, Any]:
+        session = self.session_object()
+        if self.resume_token is not None:
+            session["resume_token"] = self.resume_token
+        return session
+
     def start(self) -> list[Effect]:
         out: list[Effect] = []
-        self._emit(out, "session.created", session=self.session_object())
+        self._emit(out, "session.created", session=self._session_with_token())
         return out
 
     def receive_bytes(self, data: bytes) -> list[Effect]:
@@ -317,6 +365,7 @@ class RealtimeProtocol:
             param, message = schema.first_problem(exc)
             self._error(out, "invalid_value", message, param, event_id)
             return out
+        self.client_events += 1
         handler = getattr(self, "_on_" + type_.replace(".", "_"))
         try:
             handler(event, out)
@@ -327,6 +376,83 @@ class RealtimeProtocol:
         return out
 
     # -- client events --------------------------------------------------------------------
+
+    def _on_session_resume(self, event: schema.SessionResume, out: list[Effect]) -> None:
+        # Later, the fresh session has already taken input the resumed one never saw.
+        if self.client_events != 1:
+            raise ProtocolError("session_resume_not_first",
+                                "session.resume must be the first event on a connection.", "type")
+        out.append(ResumeSession(event.session_id, event.resume_token))
+
+    def resumed(self, session_id: str, conversation: list[dict[str, Any]],
+                config: dict[str, Any]) -> list[Effect]:
+        """The edge claimed `session_id`: continue its conversation on this connection.
+        Nothing is replayed: items come back as they were heard and no audio is resent."""
+        self.session_id = session_id
+        self.core.id = session_id
+        self.items = [
+            ItemRecord(i["id"], i["role"], i["type"], transcript=i.get("transcript"),
+                       text=i.get("text"),
+                       status="incomplete" if i["status"] == "in_progress" else i["status"])
+            for i in conversation
+        ]
+        updates = {k: config[k] for k in ("input_format", "output_format", "output_modalities",
+                                          "instructions") if k in config}
+        if "turn_detection" in config:
+            td = config["turn_detection"]
+            updates["turn_detection"] = td and schema.TurnDetection.model_validate(td)
+        self._apply_updates(updates)
+        out: list[Effect] = []
+        self._emit(out, "session.resumed", session=self._session_with_token())
+        return out
+
+    def resume_failed(self, code: str, message: str) -> list[Effect]:
+        """The resume was refused; this connection goes on as the fresh session it announced."""
+        out: list[Effect] = []
+        self._error(out, code, message, "session_id")
+        return out
+
+    def taken_over(self) -> list[Effect]:
+        """Another connection claimed this session with a newer epoch: stop serving it now."""
+        out: list[Effect] = []
+        self._error(out, "session_taken_over",
+                    f"Session '{self.session_id}' was resumed on another connection; this one "
+                    "no longer serves it.")
+        self.closed = True
+        out.append(CloseConnection(4409, "session taken over"))
+        return out
+
+    def snapshot(self, now: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The conversation as heard at clock sample `now`, and the session's settings: what a
+        resume (on any node) continues from."""
+        played = self.played_estimate(now)
+        items = []
+        for item in self.items:
+            entry: dict[str, Any] = {"id": item.id, "role": item.role,
+                                     "type": item.content_type, "status": item.status}
+            if item.text is not None:
+                entry["text"] = item.text
+            transcript = self._heard_transcript(item, played)
+            if transcript is not None:
+                entry["transcript"] = transcript
+            items.append(entry)
+        td = self.turn_detection
+        config = {
+            "input_format": self.input_format,
+            "output_format": self.output_format,
+            "output_modalities": list(self.output_modalities),
+            "instructions": self.instructions,
+            "turn_detection": None if td is None else td.model_dump(exclude_none=True),
+        }
+        return items, config
+
+    def _heard_transcript(self, item: ItemRecord, played: int) -> str | None:
+        if item.response_id is None or item.response_id >= len(self.core.responses):
+            return item.transcript
+        resp = self.core.responses[item.response_id]
+        if resp.heard_samples is not None or played >= resp.start_sample + resp.sent_samples:
+            return resp.transcript
+        return resp.text_before(played - resp.start_sample)
 
     def _on_session_update(self, event: schema.SessionUpdate, out: list[Effect]) -> None:
         if self.beta:
@@ -399,6 +525,34 @@ class RealtimeProtocol:
             pcm = self._decode_input(data)
         except PcmError as exc:
             raise ProtocolError("invalid_value", f"Invalid value for 'audio': {exc}.", "audio") from None
+        self._input_audio(pcm, out)
+
+    def receive_audio(self, pcm: np.ndarray) -> list[Effect]:
+        """Audio from a media track (WebRTC), float32 at 24 kHz: the same path as an append."""
+        out: list[Effect] = []
+        if not self.closed:
+            try:
+                self._input_audio(pcm, out)
+            except ProtocolError as exc:
+                self._error(out, exc.code, str(exc), exc.param)
+        return out
+
+    def receive_video_frame(self, frame: Any, pts_sample: int) -> list[Effect]:
+        """A camera frame: the core samples frames by timestamp; sampled ones go to the model."""
+        out: list[Effect] = []
+        if self.closed:
+            return out
+        try:
+            sampled = self.core.handle(cmd.VideoFrameReceived(pts_sample))
+        except SessionError as exc:
+            self._error(out, exc.code, str(exc))
+            return out
+        if sampled:
+            self.core.handle(cmd.InputConsumed("video", 1))
+            out.append(EnginePushFrame(frame))
+        return out
+
+    def _input_audio(self, pcm: np.ndarray, out: list[Effect]) -> None:
         n = len(pcm)
         self.core.handle(cmd.AudioReceived(INPUT_TRACK, n))
         if self._input_lead_samples + n > self.limits.max_input_lead_ms * RATE // 1000:
@@ -618,6 +772,8 @@ class RealtimeProtocol:
                 out.append(EngineCancel(e.new))
             elif isinstance(e, ev.Flush):
                 self.outbox.clear()
+                if self.media_track:
+                    out.append(FlushAudio())
                 self._from_model = Resampler(self.model_output_rate, RATE)
             elif isinstance(e, ev.TranscriptTruncated):
                 record = self._item_of_core(e.response_id)
@@ -686,7 +842,21 @@ class RealtimeProtocol:
         out.append(CloseConnection(1011, "model error"))
         return out
 
+    def on_engine_timings(self, timings: dict[str, float]) -> list[Effect]:
+        """Per-stage latency of the current reply, for clients that show it (duplex extension)."""
+        out: list[Effect] = []
+        if self.response is not None:
+            self._emit(out, "duplex.response.timings", response_id=self.response.id,
+                       timings_ms=timings)
+        return out
+
+    def on_playback(self, played_sample: int) -> None:
+        """The media track has played the output clock up to `played_sample`."""
+        self.track_playhead = played_sample
+
     def played_estimate(self, now: int) -> int:
+        if self.track_playhead is not None:
+            return min(self.tx_samples, self.track_playhead)
         if self.anchor is None:
             return self.tx_samples
         pos, at = self.anchor
@@ -720,7 +890,12 @@ class RealtimeProtocol:
 
     def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, audio: np.ndarray) -> None:
         r = self.response
-        if "audio" in self.output_modalities and len(audio):
+        if self.media_track:
+            if not r.audio_started:
+                r.audio_started = True
+                self._emit(out, "output_audio_buffer.started", response_id=r.id)
+            out.append(PlayAudio(chunk.start_sample, audio))
+        elif "audio" in self.output_modalities and len(audio):
             self._emit(out, "response.output_audio.delta", response_id=r.id, item_id=r.item.id,
                        output_index=0, content_index=0,
                        delta=base64.b64encode(self._encode_output(audio)).decode())
@@ -751,6 +926,8 @@ class RealtimeProtocol:
                    item=r.item.as_wire())
         self._emit(out, "conversation.item.done", item=r.item.as_wire())
         self._emit(out, "response.done", response=self._response_wire("completed"))
+        if self.media_track and r.audio_started:
+            self._emit(out, "output_audio_buffer.stopped", response_id=r.id)
         self.response = None
 
     def close(self) -> dict[str, int]:

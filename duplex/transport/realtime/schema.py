@@ -110,7 +110,15 @@ class ResponseCreate(ClientEvent):
     response: dict[str, Any] | None = None
 
 
+class SessionResume(ClientEvent):
+    """duplex extension: continue a session after a lost connection, on any node."""
+
+    session_id: str
+    resume_token: str
+
+
 CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
+    "session.resume": SessionResume,
     "session.update": SessionUpdate,
     "input_audio_buffer.append": Append,
     "input_audio_buffer.commit": ClientEvent,

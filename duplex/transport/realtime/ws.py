@@ -13,7 +13,14 @@ import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex.engine import AdmissionRefused, AudioOut, Engine, ResponseFinished, SessionFailed
+from duplex.engine import (
+    AdmissionRefused,
+    AudioOut,
+    Engine,
+    ResponseFinished,
+    ResponseTimings,
+    SessionFailed,
+)
 from duplex.transport.realtime.protocol import (
     RATE,
     CloseConnection,
@@ -21,7 +28,10 @@ from duplex.transport.realtime.protocol import (
     EngineClearInput,
     EngineCommit,
     EnginePush,
+    EnginePushFrame,
+    FlushAudio,
     Limits,
+    PlayAudio,
     RealtimeProtocol,
     Send,
     VadFeed,
@@ -39,10 +49,13 @@ class RealtimeSession:
     """
 
     def __init__(self, engine: Engine, vad: VadService, limits: Limits, model_name: str,
-                 send_text, *, beta: bool = False, session_id: str | None = None) -> None:
+                 send_text, *, beta: bool = False, session_id: str | None = None,
+                 media=None, video_interval_samples: int = RATE // 2) -> None:
         self.engine = engine
         self.vad = vad
         self.send_text = send_text
+        self.media = media
+        """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
         self.session_id = session_id or "sess_" + secrets.token_hex(8)
         self.protocol = RealtimeProtocol(
             self.session_id,
@@ -51,6 +64,8 @@ class RealtimeSession:
             model_output_rate=engine.model.output_rate,
             beta=beta,
             limits=limits,
+            media_track=media is not None,
+            video_interval_samples=video_interval_samples,
         )
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
@@ -91,6 +106,14 @@ class RealtimeSession:
     def feed_bytes(self, data: bytes) -> None:
         self.inbox.put_nowait(("bytes", data))
 
+    def feed_audio(self, pcm) -> None:
+        """Float32 mono at 24 kHz from a media track."""
+        self.inbox.put_nowait(("audio", pcm))
+
+    def feed_frame(self, frame, pts_sample: int) -> None:
+        """A camera frame whose time on the input clock is `pts_sample` (24 kHz)."""
+        self.inbox.put_nowait(("frame", frame, pts_sample))
+
     def carrier_gone(self) -> None:
         self.inbox.put_nowait(("gone",))
 
@@ -124,6 +147,18 @@ class RealtimeSession:
                 effects = p.on_engine_finished(item[1].epoch)
             elif kind == "engine" and isinstance(item[1], SessionFailed):
                 effects = p.on_engine_failed(item[1].message)
+            elif kind == "engine" and isinstance(item[1], ResponseTimings):
+                t = item[1]
+                effects = p.on_engine_timings({
+                    "input": t.input_ms,
+                    "thinker_first_token": t.thinker_first_token_ms,
+                    "talker_first_codes": t.talker_first_codes_ms,
+                    "codec_first_audio": t.codec_first_audio_ms,
+                })
+            elif kind == "audio":
+                effects = p.receive_audio(item[1])
+            elif kind == "frame":
+                effects = p.receive_video_frame(item[1], item[2])
             else:
                 effects = []
             effects += p.release_output(self.now_sample())
@@ -146,6 +181,14 @@ class RealtimeSession:
                 self.engine.cancel(sid, effect.epoch)
             elif isinstance(effect, EngineClearInput):
                 self.engine.clear_input(sid)
+            elif isinstance(effect, EnginePushFrame):
+                frame = effect.frame
+                rgb = frame.to_ndarray(format="rgb24") if hasattr(frame, "to_ndarray") else frame
+                self.engine.push_frame(sid, rgb)
+            elif isinstance(effect, PlayAudio):
+                self.media.play(effect.start_sample, effect.pcm)
+            elif isinstance(effect, FlushAudio):
+                self.media.flush()
             elif isinstance(effect, CloseConnection):
                 self.close_code = effect.code
                 return True

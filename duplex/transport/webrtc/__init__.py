@@ -1,0 +1,1 @@
+"""WebRTC (aiortc) with OpenAI Realtime signalling: SDP over HTTP, events on `oai-events`."""

@@ -1,0 +1,192 @@
+"""`POST /v1/realtime/calls` (SDP offer in, answer out) and `/hangup`, as OpenAI's WebRTC API.
+
+Each call runs the same RealtimeSession as the WebSocket API: its events travel on the
+`oai-events` data channel, the caller's microphone replaces input_audio_buffer.append, and reply
+audio plays on a paced media track instead of audio delta events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from duplex.engine import AdmissionRefused
+from duplex.transport.realtime.protocol import RATE
+from duplex.transport.realtime.ws import RealtimeSession
+from duplex.transport.webrtc.ice import offer_host_addresses
+from duplex.transport.webrtc.media import ReplyTrack, read_audio, read_video
+
+log = logging.getLogger("duplex.webrtc")
+CHANNEL = "oai-events"
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"type": "invalid_request_error", "code": code, "message": message}},
+        status_code=status,
+        headers=headers,
+    )
+
+
+class Call:
+    def __init__(self, call_id: str, pc: RTCPeerConnection, session: RealtimeSession,
+                 track: ReplyTrack) -> None:
+        self.id = call_id
+        self.pc = pc
+        self.session = session
+        self.track = track
+        self.channel = None
+        self.pending: list[str] = []
+        self.tasks: list[asyncio.Task] = []
+
+    async def send_text(self, text: str) -> None:
+        # Events can come before the browser's data channel opens; they wait for it.
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+        else:
+            self.pending.append(text)
+
+    def channel_opened(self) -> None:
+        for text in self.pending:
+            self.channel.send(text)
+        self.pending.clear()
+
+
+class CallRegistry:
+    def __init__(self, engine_getter, vad_getter, limits, model_name: str, hub, webrtc_settings):
+        self.engine_getter = engine_getter
+        self.vad_getter = vad_getter
+        self.limits = limits
+        self.model_name = model_name
+        self.hub = hub
+        self.settings = webrtc_settings
+        self.calls: dict[str, Call] = {}
+        offer_host_addresses(list(webrtc_settings.host_addresses))
+
+    def _configuration(self) -> RTCConfiguration:
+        servers = [
+            RTCIceServer(urls=s.urls, username=s.username, credential=s.credential)
+            for s in self.settings.ice_servers
+        ]
+        return RTCConfiguration(iceServers=servers)
+
+    async def create(self, request: Request) -> Response:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        session_config = None
+        if content_type == "application/sdp":
+            sdp = (await request.body()).decode("utf-8", "replace")
+        elif content_type == "multipart/form-data":
+            form = await request.form()
+            sdp_part, session_part = form.get("sdp"), form.get("session")
+            if sdp_part is None:
+                return _error(400, "missing_required_parameter", "Missing the multipart part 'sdp'.")
+            sdp = sdp_part if isinstance(sdp_part, str) else (await sdp_part.read()).decode()
+            if session_part is not None:
+                raw = session_part if isinstance(session_part, str) else (await session_part.read()).decode()
+                try:
+                    session_config = json.loads(raw)
+                except ValueError:
+                    return _error(400, "invalid_json", "The 'session' part is not valid JSON.")
+                if not isinstance(session_config, dict):
+                    return _error(400, "invalid_value", "The 'session' part must be a JSON object.")
+        else:
+            return _error(415, "unsupported_media_type",
+                          "Send the SDP offer as application/sdp, or multipart/form-data with "
+                          "parts 'sdp' and 'session'.")
+        if "m=audio" not in sdp:
+            return _error(400, "invalid_offer", "The SDP offer has no audio media section.")
+
+        call_id = "rtc_" + secrets.token_hex(8)
+        pc = RTCPeerConnection(self._configuration())
+        track = ReplyTrack()
+        holder: dict[str, Call] = {}
+
+        async def send_text(text: str) -> None:
+            await holder["call"].send_text(text)
+
+        session = RealtimeSession(
+            self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
+            media=track, video_interval_samples=int(RATE / self.settings.video_fps),
+        )
+        call = Call(call_id, pc, session, track)
+        holder["call"] = call
+        try:
+            session.open()
+        except AdmissionRefused as exc:
+            await pc.close()
+            return _error(429, "server_full", str(exc), {"Retry-After": "5"})
+        track.on_played = session.protocol.on_playback
+
+        @pc.on("datachannel")
+        def on_datachannel(channel) -> None:
+            if channel.label != CHANNEL:
+                return
+            call.channel = channel
+            channel.on("open", call.channel_opened)
+            if channel.readyState == "open":
+                call.channel_opened()
+
+            @channel.on("message")
+            def on_message(message) -> None:
+                if isinstance(message, str):
+                    session.feed_text(message)
+                else:
+                    session.feed_bytes(message)
+
+        @pc.on("track")
+        def on_track(remote) -> None:
+            if remote.kind == "audio":
+                call.tasks.append(asyncio.create_task(read_audio(remote, session.feed_audio)))
+            elif remote.kind == "video":
+                call.tasks.append(asyncio.create_task(read_video(remote, session.feed_frame)))
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                session.carrier_gone()
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            pc.addTrack(track)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:  # aiortc raises ValueError and others for offers it cannot take
+            self.engine_getter().close(session.session_id)
+            await pc.close()
+            return _error(400, "invalid_offer", f"The SDP offer was refused: {exc}")
+
+        self.calls[call_id] = call
+        self.hub.add(session.session_id, session.shutdown)
+        if session_config is not None:
+            session.feed_text(json.dumps({"type": "session.update", "session": session_config}))
+        call.tasks.append(asyncio.create_task(self._serve(call)))
+        return Response(
+            pc.localDescription.sdp,
+            status_code=201,
+            media_type="application/sdp",
+            headers={"Location": f"/v1/realtime/calls/{call_id}"},
+        )
+
+    async def _serve(self, call: Call) -> None:
+        try:
+            await call.session.run()
+        finally:
+            self.hub.discard(call.session.session_id)
+            self.calls.pop(call.id, None)
+            for task in call.tasks:
+                if task is not asyncio.current_task():
+                    task.cancel()
+            call.track.stop()
+            await call.pc.close()
+
+    async def hangup(self, request: Request) -> Response:
+        call = self.calls.get(request.path_params["call_id"])
+        if call is None:
+            return _error(404, "call_not_found", "No such call.")
+        call.session.carrier_gone()
+        return JSONResponse({})

@@ -1,0 +1,183 @@
+"""Two real WebRTC peers: an aiortc client against `duplex serve --model echo`."""
+
+import asyncio
+import fractions
+import json
+import time
+
+import av
+import httpx
+import numpy as np
+import pytest
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from duplex.bench.synth import babble
+from duplex.transport.webrtc.ice import offer_host_addresses
+
+RATE = 48000
+FRAME = 960
+
+
+class ScriptedMic(MediaStreamTrack):
+    """A microphone that plays queued audio in real time and silence in between."""
+
+    kind = "audio"
+
+    def __init__(self):
+        super().__init__()
+        self.queue = np.zeros(0, np.float32)
+        self.pts = 0
+        self.start = None
+
+    def say(self, audio: np.ndarray) -> None:
+        self.queue = np.concatenate([self.queue, audio.astype(np.float32)])
+
+    async def recv(self):
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.start is None:
+            self.start = time.monotonic()
+        await asyncio.sleep(max(0.0, self.start + self.pts / RATE - time.monotonic()))
+        chunk = np.zeros(FRAME, np.float32)
+        n = min(FRAME, len(self.queue))
+        chunk[:n], self.queue = self.queue[:n], self.queue[n:]
+        frame = av.AudioFrame.from_ndarray(
+            (np.clip(chunk, -1, 1) * 32767).astype(np.int16).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self.pts, fractions.Fraction(1, RATE)
+        self.pts += FRAME
+        return frame
+
+
+class Caller:
+    def __init__(self):
+        offer_host_addresses(["127.0.0.1"])
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = ScriptedMic()
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.events: list[tuple[float, dict]] = []
+        self.heard: list[tuple[float, np.ndarray]] = []
+        self.tasks = []
+        self.channel.on("message", lambda m: self.events.append((time.monotonic(), json.loads(m))))
+        self.pc.on("track", self._on_track)
+
+    def _on_track(self, track):
+        async def read():
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
+            while True:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return
+                for out in resampler.resample(frame):
+                    self.heard.append((time.monotonic(), out.to_ndarray().reshape(-1)))
+
+        self.tasks.append(asyncio.create_task(read()))
+
+    async def connect(self, base_url: str) -> httpx.Response:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(
+                f"{base_url}/v1/realtime/calls",
+                content=self.pc.localDescription.sdp,
+                headers={"Content-Type": "application/sdp"},
+            )
+        assert answer.status_code == 201, answer.text
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
+        return answer
+
+    def types(self):
+        return [e["type"] for _, e in self.events]
+
+    async def wait_for(self, type_, count=1, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while self.types().count(type_) < count:
+            assert time.monotonic() < deadline, f"no {type_} in {self.types()}"
+            await asyncio.sleep(0.02)
+        return [e for _, e in self.events if e["type"] == type_][count - 1]
+
+    async def close(self):
+        for task in self.tasks:
+            task.cancel()
+        await self.pc.close()
+
+
+def best_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak normalised cross-correlation of b inside a (b shorter)."""
+    a, b = a - a.mean(), b - b.mean()
+    n = len(b)
+    corr = np.correlate(a, b, mode="valid")
+    energy = np.sqrt(np.convolve(a * a, np.ones(n), mode="valid") * np.dot(b, b))
+    return float(np.max(corr / np.maximum(energy, 1e-9)))
+
+
+@pytest.mark.slow
+async def test_echo_over_webrtc_then_barge_in(server_process):
+    server = server_process("--model", "echo")
+    caller = Caller()
+    try:
+        answer = await caller.connect(server.url)
+        assert answer.headers["content-type"].startswith("application/sdp")
+        call_path = answer.headers["location"]
+        assert call_path.startswith("/v1/realtime/calls/rtc_")
+        created = await caller.wait_for("session.created")
+        assert created["session"]["id"].startswith("sess_")
+
+        speech = np.clip(babble(RATE * 2, rate=RATE, seed=21), -1, 1)
+        caller.mic.say(np.concatenate([np.zeros(RATE // 2), speech]))
+        await caller.wait_for("output_audio_buffer.started", timeout=30)
+        started_at = time.monotonic()
+        done = await caller.wait_for("response.done", timeout=30)
+        assert done["response"]["status"] == "completed"
+        await caller.wait_for("output_audio_buffer.stopped")
+        await asyncio.sleep(0.3)
+        # The reply track carries the caller's own words back, through two Opus passes.
+        heard = np.concatenate([pcm for t, pcm in caller.heard if t >= started_at - 0.2])
+        assert best_correlation(heard, speech[RATE // 2 : RATE]) > 0.6
+
+        # Next turn: talk over the reply once it plays.
+        caller.mic.say(babble(RATE, rate=RATE, seed=23))
+        await caller.wait_for("output_audio_buffer.started", count=2, timeout=30)
+        await asyncio.sleep(0.3)
+        # Talk over the reply: the server cancels it and its track goes quiet at once.
+        caller.mic.say(babble(RATE, rate=RATE, seed=22))
+        done = await caller.wait_for("response.done", count=2, timeout=20)
+        assert done["response"]["status"] == "cancelled"
+        cleared = await caller.wait_for("output_audio_buffer.cleared")
+        assert cleared["response_id"] == done["response"]["id"]
+        cleared_at = next(t for t, e in caller.events if e["type"] == "output_audio_buffer.cleared")
+        await asyncio.sleep(0.6)
+        after = [pcm for t, pcm in caller.heard if t > cleared_at + 0.3]
+        tail = np.concatenate(after) if after else np.zeros(1)
+        assert np.sqrt(np.mean(tail**2)) < 0.01
+        types = caller.types()
+        barge = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][2]
+        assert barge < [i for i, t in enumerate(types) if t == "response.done"][1]
+
+        async with httpx.AsyncClient() as client:
+            hung = await client.post(f"{server.url}{call_path}/hangup")
+            assert hung.status_code == 200
+            missing = await client.post(f"{server.url}/v1/realtime/calls/rtc_nope/hangup")
+            assert missing.status_code == 404
+            deadline = time.monotonic() + 10
+            while (await client.get(f"{server.url}/healthz")).json()["active_sessions"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+    finally:
+        await caller.close()
+
+
+@pytest.mark.slow
+async def test_bad_offers_are_refused_with_reasons(server_process):
+    server = server_process("--model", "echo")
+    async with httpx.AsyncClient() as client:
+        r = await client.post(f"{server.url}/v1/realtime/calls", content="hello",
+                              headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        r = await client.post(f"{server.url}/v1/realtime/calls", content="v=0\r\n",
+                              headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_offer"
+        r = await client.post(f"{server.url}/v1/realtime/calls", files={"session": (None, "{}")})
+        assert r.status_code == 400 and "sdp" in r.json()["error"]["message"]
