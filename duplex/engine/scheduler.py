@@ -151,7 +151,7 @@ class SchedulerConfig:
     batch_window_s: float = 0.4
     """When one session's Talker is due, sessions due within this much later join its batch."""
     encode_wait_s: float = 0.03
-    """Input chunks wait up to this long so the chunks of several sessions share one encode."""
+    """Input chunks and frames wait up to this long so several sessions share one encode."""
     output_rate: int = 24000
 
 
@@ -245,7 +245,7 @@ class Scheduler:
         picks: dict[Stage, list[Entry]] = {stage: [] for stage in Stage}
         begin: list[Entry] = []
         talker_ready: list[tuple[float, SessionQueues]] = []
-        encode_due = False
+        due = {Kind.PCM_IN: False, Kind.FRAME_IN: False}
         for sq in self.sessions.values():
             q = sq.queues
             r = sq.response
@@ -266,21 +266,21 @@ class Scheduler:
                 head = q[Kind.FEATURES][0]
                 if head.seq == sq.prefilled_seq and (marker is None or head.seq < marker):
                     picks[Stage.PREFILL].append(self._entry(sq, q[Kind.FEATURES].popleft()))
-            if q[Kind.FRAME_IN]:
-                picks[Stage.VISION].append(self._entry(sq, q[Kind.FRAME_IN].popleft()))
-            if q[Kind.PCM_IN]:
-                oldest = q[Kind.PCM_IN][0]
-                encode_due |= now - oldest.enqueued_at >= cfg.encode_wait_s or marker is not None
+            for kind in (Kind.PCM_IN, Kind.FRAME_IN):
+                if q[kind]:
+                    waited = now - q[kind][0].enqueued_at
+                    due[kind] |= waited >= cfg.encode_wait_s or marker is not None
         # Talkers run by playback deadline: once one is due, those due soon after join it.
         if any(ahead < cfg.audio_lead_s for ahead, _ in talker_ready):
             for ahead, sq in talker_ready:
                 if ahead < cfg.audio_lead_s + cfg.batch_window_s:
                     q = sq.queues[Kind.TOKENS]
                     picks[Stage.TALKER].append(self._entry(sq, q.popleft() if q else None))
-        if encode_due or sum(bool(sq.queues[Kind.PCM_IN]) for sq in self.sessions.values()) >= cfg.max_batch:
-            for sq in self.sessions.values():
-                if sq.queues[Kind.PCM_IN]:
-                    picks[Stage.ENCODE].append(self._entry(sq, sq.queues[Kind.PCM_IN].popleft()))
+        # Encoders wait briefly for other sessions' input, then take one item of each.
+        for kind, stage in ((Kind.PCM_IN, Stage.ENCODE), (Kind.FRAME_IN, Stage.VISION)):
+            waiting = [sq for sq in self.sessions.values() if sq.queues[kind]]
+            if due[kind] or len(waiting) >= cfg.max_batch:
+                picks[stage] += [self._entry(sq, sq.queues[kind].popleft()) for sq in waiting]
         batches = []
         for stage in STAGE_ORDER:
             chosen = picks[stage]

@@ -267,8 +267,8 @@ class Session:
             heard = max(0, min(self.played_samples - response.start_sample, response.sent_samples))
             response.heard_samples = heard
             response.sent_samples = heard
-            out.append(e.ResponseCancelled(response.id, old, reason, heard))
             out.append(e.TranscriptTruncated(response.id, heard, response.transcript))
+            out.append(e.ResponseCancelled(response.id, old, reason, heard))
         return out
 
     def _tick(self, cmd: c.Tick) -> list[e.Event]:

@@ -175,3 +175,22 @@ def test_talkers_due_soon_join_the_one_that_is_due():
         r.first_audio_at = 0.0
         r.emitted_samples = int(ahead * 24000)
     assert stages(s.schedule(0.0)) == {Stage.TALKER: ["due", "soon"]}
+
+
+def test_input_enters_the_thinker_in_arrival_order_across_audio_and_video():
+    s = Scheduler(1, SchedulerConfig(encode_wait_s=1.0))
+    s.add_session("a")
+    s.push_input("a", np.zeros(10, np.float32), 0.5, "v")  # seq 0, still waiting at t=1
+    s.push_frame("a", np.zeros((4, 4, 3), np.uint8), 0.0, "v")  # seq 1, due at t=1
+    plan = s.schedule(1.0)
+    assert stages(plan) == {Stage.VISION: ["a"]}
+    s.update(plan, {Stage.VISION: ["frame features"]}, 0.0, "v")
+    assert Stage.PREFILL not in stages(s.schedule(1.0))  # seq 0 is not encoded yet
+    plan = s.schedule(1.5)
+    s.update(plan, {Stage.ENCODE: ["audio features"]}, 0.0, "v")
+    order = []
+    for _ in range(2):
+        plan = s.schedule(0.0)
+        order += [e.payload.data for b in plan.batches if b.stage is Stage.PREFILL for e in b.entries]
+        s.update(plan, {b.stage: [None] * len(b.entries) for b in plan.batches}, 0.0, "v")
+    assert order == ["audio features", "frame features"]

@@ -194,3 +194,15 @@ def test_fuzzed_event_streams_never_crash_and_answer_only_json_events(frames):
                 assert effect.event["type"] and effect.event["event_id"]
         track = p.core.track("input_audio")
         assert track.received == track.consumed + track.buffered + track.dropped_total
+
+
+def test_camera_frames_are_sampled_by_timestamp_into_the_engine():
+    from duplex.transport.realtime.protocol import EnginePushFrame
+
+    p = make()
+    pushed = []
+    for i in range(60):  # 2 s at 30 fps
+        pushed += [e for e in p.receive_video_frame(f"frame{i}", i * 800) if isinstance(e, EnginePushFrame)]
+    assert [e.frame for e in pushed] == ["frame0", "frame15", "frame30", "frame45"]
+    video = p.core.track("video")
+    assert (video.received, video.consumed, video.dropped) == (60, 4, {"not_sampled": 56})

@@ -1,0 +1,65 @@
+"""The web client in real headless Chromium with a fake microphone, against `duplex serve`."""
+
+import os
+import shutil
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from playwright.async_api import async_playwright
+
+from duplex.bench.synth import babble
+from duplex.media import float_to_pcm16
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("DUPLEX_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+RATE = 48000
+
+
+def fake_microphone(path: Path) -> Path:
+    """Speech then silence; Chromium loops the file, so turns keep coming."""
+    audio = np.concatenate([np.zeros(RATE // 2), babble(RATE * 2, rate=RATE, seed=31), np.zeros(RATE * 3)])
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(float_to_pcm16(np.clip(audio, -1, 1)))
+    return path
+
+
+@pytest.mark.slow
+async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path):
+    server = server_process("--model", "echo")
+    mic = fake_microphone(tmp_path / "mic.wav")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={mic}",
+                "--allow-loopback-in-peer-connection",
+                "--disable-features=WebRtcHideLocalIpsWithMdns",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required",
+            ],
+        )
+        page = await browser.new_page()
+        try:
+            await page.goto(server.url)
+            await page.wait_for_function("document.getElementById('server').textContent.includes('model echo')")
+            await page.click("#connect")
+            await page.wait_for_function("window.duplex.state === 'listening' || window.duplex.state === 'speaking'", timeout=20_000)
+            await page.wait_for_function("window.duplex.events.includes('output_audio_buffer.started')", timeout=30_000)
+            await page.wait_for_function("window.duplex.audioBytesReceived > 5000", timeout=20_000)
+            await page.wait_for_selector("#transcript .assistant .text:text('frame0')", timeout=20_000)
+            await page.wait_for_function(
+                "document.querySelector('#timings td[data-t=\"codec_first_audio\"]').textContent.endsWith('ms')"
+            )
+            user_lines = await page.locator("#transcript .user").count()
+            assert user_lines >= 1
+            assert await page.locator("#problem").is_hidden()
+        finally:
+            await page.screenshot(path=str(ARTIFACTS / "browser-session.png"), full_page=True)
+            await browser.close()
