@@ -108,6 +108,10 @@ class DuplexModel(ABC):
     ) -> list[TalkerFrame]:
         """One codec frame per session; `tokens[i]` is new Thinker output or None if none came."""
 
+    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
+        """Per-frame cost of streaming codec decoding against offline decoding, for the bench."""
+        return None
+
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:
         """Codes per session, (Q,) for one Talker frame or (Q, T) -> float32 PCM at output_rate."""

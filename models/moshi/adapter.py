@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -205,6 +206,15 @@ class MoshiAdapter(DuplexModel):
             if hasattr(slot, "release"):
                 slot.release()
         state.slots.clear()
+
+    def codec_stream_vs_offline(self) -> dict[str, Any]:
+        from models.moshi.mimi_stream import measure_stream_vs_offline
+
+        mimi = self.model.audio_encoder
+        return {
+            f"batch_{n}": measure_stream_vs_offline(mimi, n_frames=50, repeats=3, sessions=n)
+            for n in (1, 8)
+        }
 
     def bytes_held(self, state: ModelState) -> int:
         return sum(slot.nbytes for slot in state.slots.values())

@@ -554,6 +554,15 @@ class Qwen3OmniAdapter(DuplexModel):
         sess.talker_ctx.clear()
         state.slots.clear()
 
+    def codec_stream_vs_offline(self) -> dict[str, Any]:
+        from models.qwen3_omni.codec import measure_stream_vs_offline
+
+        module = self.model.code2wav
+        return {
+            f"batch_{n}": measure_stream_vs_offline(module, n_frames=50, repeats=3, batch_size=n)
+            for n in (1, 8)
+        }
+
     def bytes_held(self, state: ModelState) -> int:
         sess = state.slots.get(STATE_KEY)
         if sess is None:
