@@ -11,6 +11,7 @@ Closer = Callable[[str], Awaitable[None]]
 class SessionHub:
     def __init__(self) -> None:
         self._closers: dict[str, Closer] = {}
+        self._empty: asyncio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._closers)
@@ -24,14 +25,21 @@ class SessionHub:
         self._closers[session_id] = closer
 
     def discard(self, session_id: str) -> None:
+        """The session has ended and told its peer so; call this last."""
         self._closers.pop(session_id, None)
+        if not self._closers and self._empty is not None:
+            self._empty.set()
 
     async def close_all(self, reason: str, timeout_s: float) -> None:
-        """Ask every session to close with `reason`; give up on stragglers after timeout_s."""
+        """Ask every session to close with `reason` and wait until each has ended, or give up
+        on stragglers after timeout_s."""
         closers = list(self._closers.values())
         if not closers:
             return
-        tasks = [asyncio.ensure_future(close(reason)) for close in closers]
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for task in pending:
-            task.cancel()
+        self._empty = asyncio.Event()
+        for close in closers:
+            await close(reason)
+        try:
+            await asyncio.wait_for(self._empty.wait(), timeout_s)
+        except TimeoutError:
+            pass

@@ -10,10 +10,23 @@ from collections.abc import Iterator
 import uvicorn
 
 from duplex.config import Settings
+from duplex.hub import SessionHub
 from duplex.server import create_app
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, hub: SessionHub, timeout_s: float) -> None:
+        super().__init__(config)
+        self.hub = hub
+        self.timeout_s = timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        # Sessions close themselves first (1001, their own reason); uvicorn would otherwise
+        # cut every WebSocket with 1012 before the app hears of the shutdown.
+        logging.getLogger("duplex.server").info("shutting down: closing %d open sessions", len(self.hub))
+        await self.hub.close_all("server_shutdown", self.timeout_s)
+        await super().shutdown(sockets)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the captured signal after a clean shutdown, which makes the process
@@ -33,8 +46,9 @@ def serve(settings: Settings) -> None:
         level=settings.server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.server.host,
         port=settings.server.port,
         loop="uvloop",
@@ -46,4 +60,4 @@ def serve(settings: Settings) -> None:
         log_level=settings.server.log_level,
         timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s) + 1,
     )
-    _Server(config).run()
+    _Server(config, app.state.hub, settings.server.shutdown_timeout_s).run()
