@@ -58,6 +58,8 @@ class DuplexModel(ABC):
     """Output samples (at output_rate) per codec frame."""
     max_thinker_lead: int = 4
     """Thinker tokens that may wait for the Talker; 1 makes the two strictly alternate."""
+    accepts_text: bool = False
+    """Whether `thinker_prefill` takes text (str) features from text items."""
     supports_video: bool = False
     """Whether `encode_video` and video features in `thinker_prefill` mean anything."""
     accepts_partial_chunks: bool = False

@@ -1,6 +1,6 @@
 """The stage graph: per-stage queues, cross-session batching, state lifecycle, admission."""
 
-from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig
+from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig, set_torch_threads
 from duplex.engine.scheduler import (
     AudioOut,
     ResponseFinished,
@@ -22,4 +22,5 @@ __all__ = [
     "SchedulerConfig",
     "SessionFailed",
     "Stage",
+    "set_torch_threads",
 ]

@@ -35,6 +35,18 @@ log = logging.getLogger("duplex.engine")
 Deliver = Callable[[AudioOut | ResponseFinished | ResponseTimings | SessionFailed], None]
 
 
+def set_torch_threads(requested: int) -> int:
+    """Threads for torch's CPU kernels. With 0, all cores but one: the event loop and the VAD
+    need a core of their own, or torch's pool and they slow each other down several times."""
+    import os
+
+    import torch
+
+    n = requested or max(1, (os.cpu_count() or 1) - 1)
+    torch.set_num_threads(n)
+    return n
+
+
 class AdmissionRefused(Exception):
     """A new session would push the engine past real time; `limit` names the setting."""
 
@@ -133,6 +145,13 @@ class Engine:
         self._control.put(("frame", (session_id, frame)))
         return True
 
+    def push_text(self, session_id: str, text: str) -> bool:
+        """User text into the Thinker context; False if the model takes no text."""
+        if not self.model.accepts_text:
+            return False
+        self._control.put(("text", (session_id, text)))
+        return True
+
     def commit(self, session_id: str, epoch: int) -> None:
         """Reply, in `epoch`, to everything pushed so far (a partial last chunk included)."""
         rest = self._callers[session_id].framer.flush()
@@ -157,6 +176,9 @@ class Engine:
 
     def bytes_held(self, session_id: str) -> int:
         return self._bytes.get(session_id, 0)
+
+    def total_bytes_held(self) -> int:
+        return sum(list(self._bytes.values()))
 
     def drain_drops(self) -> list[Drop]:
         drops, self._drops = self._drops, []
@@ -238,6 +260,9 @@ class Engine:
             sid, frame = args
             self.scheduler.push_frame(sid, frame, time.monotonic(), self.version)
             self._refresh_bytes(sid)
+        elif op == "text":
+            sid, text = args
+            self.scheduler.push_text(sid, text, time.monotonic(), self.version)
         elif op == "commit":
             self.scheduler.commit(*args)
         elif op == "clear":

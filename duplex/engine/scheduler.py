@@ -204,6 +204,17 @@ class Scheduler:
         )
         sq.input_seq += 1
 
+    def push_text(self, session_id: str, text: str, now: float, version: str) -> None:
+        """Text needs no encoder: it joins the encoded input directly, in arrival order."""
+        sq = self.sessions[session_id]
+        sq.queues[Kind.FEATURES].append(
+            Payload(
+                session_id, sq.epoch, Kind.FEATURES, text, sq.input_seq,
+                sq.input_samples, sq.input_samples, version, enqueued_at=now,
+            )
+        )
+        sq.input_seq += 1
+
     def commit(self, session_id: str, epoch: int, now: float = 0.0) -> None:
         """Request a reply in `epoch` to everything pushed so far."""
         sq = self.sessions[session_id]

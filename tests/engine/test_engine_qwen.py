@@ -46,3 +46,27 @@ def test_video_and_audio_of_two_sessions_share_forwards_and_get_replies(tiny_omn
         assert engine.bytes_held("a") == engine.bytes_held("b") == 0
     finally:
         engine.stop()
+
+
+@pytest.mark.slow
+def test_text_input_gets_a_spoken_reply(tiny_omni_dir):
+    model = load_model(str(tiny_omni_dir))
+    engine = Engine(model, EngineConfig(max_sessions=2))
+    engine.start()
+    try:
+        done = threading.Event()
+        audio = []
+
+        def deliver(event):
+            if isinstance(event, AudioOut):
+                audio.append(event.pcm)
+            elif isinstance(event, ResponseFinished):
+                done.set()
+
+        engine.open("t", deliver)
+        assert engine.push_text("t", "hello there")
+        engine.commit("t", 0)
+        assert done.wait(60)
+        assert sum(len(p) for p in audio) >= 25 * model.frame_samples
+    finally:
+        engine.stop()
