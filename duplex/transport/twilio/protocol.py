@@ -1,0 +1,459 @@
+"""Twilio Media Streams as a pure state machine around the session core.
+
+Text frames from Twilio in (`receive_text`), engine results and VAD probabilities in, and out
+come plain effects: messages to send, work for the engine, audio for the VAD, rejections and
+DTMF digits to log and count, a close. The asyncio edge (ws.py) carries them out; nothing here
+awaits, sleeps or touches a socket. Time enters only as the sample count the edge passes to
+`release_output`, which paces reply audio.
+
+The session clock is the wire's own 8 kHz: one mu-law byte is one sample, so inbound
+accounting, output frames (160 samples = 20 ms), marks and the playback watermark are exact
+integer counts with no resampling of the clock itself.
+
+Playback truth comes from Twilio: every output chunk is followed by a `mark`, and Twilio echoes
+it once the audio queued before it has played. Only echoed marks move the watermark, so a
+barge-in keeps exactly the transcript of the chunks the caller heard. Twilio also echoes the
+marks a `clear` dropped; those carry an older epoch in our books and move nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from duplex.media import Resampler, float_to_pcm16, ulaw_decode, ulaw_encode
+from duplex.session import commands as cmd
+from duplex.session import events as ev
+from duplex.session.state import Session
+from duplex.session.turn_detection import TurnDetector
+from duplex.transport.realtime.protocol import (
+    CloseConnection,
+    EngineCancel,
+    EngineCommit,
+    EnginePush,
+    Send,
+    VadFeed,
+)
+from duplex.transport.twilio import schema
+
+RATE = 8000
+FRAME = 160
+"""Samples (and mu-law bytes) in one 20 ms media message."""
+VAD_RATE = 16000
+VAD_CHUNK = 512 * RATE // VAD_RATE
+"""Input samples behind each speech probability (silero's 512-sample window at 16 kHz)."""
+INPUT_TRACK = "inbound"
+MULAW_SILENCE = 0xFF
+
+REJECT_REASONS = (
+    "binary_frame",
+    "invalid_json",
+    "unknown_event",
+    "malformed",
+    "before_start",
+    "duplicate_start",
+    "unsupported_format",
+    "wrong_stream",
+    "out_of_order",
+    "bad_base64",
+    "wrong_track",
+    "unknown_mark",
+)
+"""Why a message was refused; stable, as they label the rejection metric."""
+
+
+# -- effects beyond the Realtime ones --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DtmfReceived:
+    digit: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something worth a log line: call start, turn decisions, response outcomes."""
+
+    message: str
+
+
+Effect = (
+    Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
+    | Rejected | DtmfReceived | Notice
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    output_lead_ms: int = 200
+    """Reply audio is sent at most this far ahead of the estimated playback position."""
+    end_call_digit: str = ""
+    """A DTMF digit that ends the call; empty for none."""
+    vad_threshold: float = 0.5
+    silence_ms: int = 500
+    """Silence after speech that ends the caller's turn."""
+
+
+@dataclass
+class Reply:
+    epoch: int
+    engine_done: bool = False
+
+
+def mark_name(chunk: ev.OutputChunk) -> str:
+    return f"duplex.r{chunk.response_id}.e{chunk.epoch}.s{chunk.seq}"
+
+
+class TwilioProtocol:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        model_input_rate: int,
+        model_output_rate: int,
+        options: Options | None = None,
+    ) -> None:
+        self.options = options or Options()
+        self.core = Session(session_id, sample_rate=RATE)
+        self.detector = TurnDetector(
+            threshold=self.options.vad_threshold,
+            silence_samples=self.options.silence_ms * RATE // 1000,
+        )
+        self.model_output_rate = model_output_rate
+        self._to_model = Resampler(RATE, model_input_rate)
+        # soxr's HQ filter hands 8 kHz input on in ~100 ms bursts, which would delay every
+        # speech decision (and so every barge-in) by up to a burst; the quick filter passes
+        # each 20 ms frame straight through, and is plenty for a speech/no-speech decision.
+        self._to_vad = Resampler(RATE, VAD_RATE, quality="QQ")
+        self._from_model = Resampler(model_output_rate, RATE)
+        self.stream: schema.StartBody | None = None
+        self.last_seq = 0
+        self.reply: Reply | None = None
+        self.outbox: deque[tuple[ev.OutputChunk, bytes]] = deque()
+        self._pending = np.zeros(0, np.float32)
+        """Reply audio at 8 kHz short of a whole frame, waiting for more."""
+        self._pending_text = ""
+        self.marks: dict[str, tuple[int, int]] = {}
+        """Marks sent and not yet echoed: name -> (epoch, output sample the mark follows)."""
+        self.tx_samples = 0
+        self.anchor: tuple[int, int] | None = None
+        """(output position, clock sample) at which continuous playback was last anchored."""
+        self.rejected: dict[str, int] = {}
+        self.digits: list[str] = []
+        self.closed = False
+
+    # -- entry points ---------------------------------------------------------------------
+
+    def receive_bytes(self, data: bytes) -> list[Effect]:
+        out: list[Effect] = []
+        self._reject(out, "binary_frame", f"binary frame of {len(data)} bytes; Twilio sends JSON text")
+        return out
+
+    def receive_text(self, text: str) -> list[Effect]:
+        out: list[Effect] = []
+        if self.closed:
+            return out
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            self._reject(out, "invalid_json", f"not JSON: {exc}")
+            return out
+        if not isinstance(raw, dict):
+            self._reject(out, "invalid_json", "a message must be a JSON object")
+            return out
+        name = raw.get("event")
+        model = schema.MESSAGES.get(name) if isinstance(name, str) else None
+        if model is None:
+            self._reject(out, "unknown_event", f"unknown event {name!r}")
+            return out
+        try:
+            message = model.model_validate(raw)
+        except ValidationError as exc:
+            self._reject(out, "malformed", f"{name}: {schema.first_problem(exc)}")
+            return out
+        getattr(self, "_on_" + name)(message, out)
+        return out
+
+    # -- Twilio messages ------------------------------------------------------------------
+
+    def _on_connected(self, msg: schema.Connected, out: list[Effect]) -> None:
+        out.append(Notice(f"connected: protocol {msg.protocol} {msg.version}"))
+
+    def _on_start(self, msg: schema.Start, out: list[Effect]) -> None:
+        if self.stream is not None:
+            self._reject(out, "duplicate_start", f"stream {self.stream.streamSid} already started")
+            return
+        fmt = msg.start.mediaFormat
+        if (fmt.encoding, fmt.sampleRate, fmt.channels) != ("audio/x-mulaw", RATE, 1):
+            self._reject(out, "unsupported_format",
+                         f"media format {fmt.encoding}/{fmt.sampleRate}/{fmt.channels}; "
+                         "only audio/x-mulaw 8000 Hz mono is carried")
+            return
+        if msg.streamSid != msg.start.streamSid:
+            self._reject(out, "wrong_stream",
+                         f"start names stream {msg.start.streamSid} but is sent on {msg.streamSid}")
+            return
+        self.stream = msg.start
+        self.last_seq = int(msg.sequenceNumber)
+        out.append(Notice(f"call {msg.start.callSid} started: stream {msg.streamSid}, "
+                          f"tracks {msg.start.tracks}, parameters {msg.start.customParameters}"))
+
+    def _gate(self, msg: schema.Media | schema.Dtmf | schema.Mark | schema.Stop) -> str | None:
+        """The reason a message of the started stream cannot be taken, or None (and it counts)."""
+        if self.stream is None:
+            return "before_start"
+        if msg.streamSid != self.stream.streamSid:
+            return "wrong_stream"
+        if int(msg.sequenceNumber) <= self.last_seq:
+            return "out_of_order"
+        self.last_seq = int(msg.sequenceNumber)
+        return None
+
+    def _gate_message(self, reason: str, msg) -> str:
+        if reason == "before_start":
+            return f"{msg.event} before the stream started"
+        if reason == "wrong_stream":
+            return f"{msg.event} for stream {msg.streamSid}, not {self.stream.streamSid}"
+        return f"{msg.event} sequenceNumber {msg.sequenceNumber} after {self.last_seq}"
+
+    def _on_media(self, msg: schema.Media, out: list[Effect]) -> None:
+        try:
+            data = base64.b64decode(msg.media.payload, validate=True)
+        except (binascii.Error, ValueError):
+            self._reject(out, "bad_base64", f"media {msg.sequenceNumber}: payload is not base64")
+            return
+        n = len(data)
+        self.core.handle(cmd.AudioReceived(INPUT_TRACK, n))
+        reason = self._gate(msg)
+        if reason is None and msg.media.track != "inbound":
+            reason = "wrong_track"
+        if reason is not None:
+            self.core.handle(cmd.InputDropped(INPUT_TRACK, n, reason))
+            detail = (f"media on track {msg.media.track!r}" if reason == "wrong_track"
+                      else self._gate_message(reason, msg))
+            self._reject(out, reason, f"{detail}; {n} samples dropped")
+            return
+        pcm = ulaw_decode(data).astype(np.float32) / 32768.0
+        out.append(EnginePush(self._to_model.process(pcm)))
+        out.append(VadFeed(self._to_vad.process(pcm)))
+        self.core.handle(cmd.InputConsumed(INPUT_TRACK, n))
+
+    def _on_dtmf(self, msg: schema.Dtmf, out: list[Effect]) -> None:
+        reason = self._gate(msg)
+        if reason is not None:
+            self._reject(out, reason, self._gate_message(reason, msg))
+            return
+        digit = msg.dtmf.digit
+        self.digits.append(digit)
+        out.append(DtmfReceived(digit))
+        if digit == self.options.end_call_digit:
+            out.append(Notice(f"end-call digit {digit} pressed"))
+            self._close(out, 1000, "end_call_digit")
+
+    def _on_mark(self, msg: schema.Mark, out: list[Effect]) -> None:
+        reason = self._gate(msg)
+        if reason is not None:
+            self._reject(out, reason, self._gate_message(reason, msg))
+            return
+        sent = self.marks.pop(msg.mark.name, None)
+        if sent is None:
+            self._reject(out, "unknown_mark", f"mark {msg.mark.name!r} was never sent or already echoed")
+            return
+        epoch, end = sent
+        # A mark of an older epoch comes back because a clear dropped its audio: unheard.
+        if epoch == self.core.epoch:
+            self.core.handle(cmd.PlaybackAcknowledged(end))
+
+    def _on_stop(self, msg: schema.Stop, out: list[Effect]) -> None:
+        if self.stream is not None:
+            reason = self._gate(msg)
+            if reason is not None:
+                self._reject(out, reason, self._gate_message(reason, msg))
+                return
+        out.append(Notice(f"call {msg.stop.callSid} stopped"))
+        self._close(out, 1000, "stop")
+
+    def _reject(self, out: list[Effect], reason: str, message: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        out.append(Rejected(reason, message))
+
+    def _close(self, out: list[Effect], code: int, reason: str) -> None:
+        self.closed = True
+        out.append(CloseConnection(code, reason))
+
+    # -- turn detection -------------------------------------------------------------------
+
+    def on_vad(self, probs: list[float]) -> list[Effect]:
+        out: list[Effect] = []
+        if self.closed or self.stream is None:
+            return out
+        for prob in probs:
+            decision = self.detector.feed(prob, VAD_CHUNK)
+            if isinstance(decision, cmd.SpeechStarted):
+                out.append(Notice(f"speech started at sample {decision.at_sample}"))
+                # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
+                # transcript cut at the last echoed mark.
+                self._apply_core_events(out, self.core.handle(decision))
+            elif isinstance(decision, cmd.SpeechStopped):
+                out.append(Notice(f"speech stopped at sample {decision.at_sample}"))
+                self.core.handle(decision)
+                self._start_reply(out)
+        return out
+
+    def _start_reply(self, out: list[Effect]) -> None:
+        events = self.core.handle(cmd.StartResponse())
+        started = next(e for e in events if isinstance(e, ev.ResponseStarted))
+        self.reply = Reply(started.epoch)
+        out.append(Notice(f"response {started.response_id} started in epoch {started.epoch}"))
+        out.append(EngineCommit(started.epoch))
+
+    def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
+        for e in events:
+            if isinstance(e, ev.EpochBumped):
+                out.append(EngineCancel(e.new))
+            elif isinstance(e, ev.Flush):
+                self.outbox.clear()
+                self._pending = self._pending[:0]
+                self._pending_text = ""
+                self._from_model = Resampler(self.model_output_rate, RATE)
+                out.append(Send({"event": "clear", "streamSid": self.stream.streamSid}))
+            elif isinstance(e, ev.ResponseCancelled):
+                out.append(Notice(f"response {e.response_id} cancelled ({e.reason}): "
+                                  f"heard {e.heard_samples} samples"))
+                self.reply = None
+            elif isinstance(e, ev.TranscriptTruncated):
+                out.append(Notice(f"response {e.response_id} transcript truncated at sample "
+                                  f"{e.audio_end_sample}: {e.heard_text!r}"))
+        if self.tx_samples > self.core.sent_samples:
+            self.tx_samples = self.core.sent_samples
+            self.anchor = None
+
+    # -- engine results and pacing ----------------------------------------------------------
+
+    def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:
+        r = self.reply
+        if r is not None and epoch == r.epoch and not self.closed:
+            self._queue(self._from_model.process(pcm), text, last=False)
+        return []
+
+    def on_engine_finished(self, epoch: int) -> list[Effect]:
+        r = self.reply
+        if r is not None and epoch == r.epoch and not self.closed:
+            self._queue(self._from_model.process(np.zeros(0, np.float32), last=True), "", last=True)
+            self._from_model = Resampler(self.model_output_rate, RATE)
+            r.engine_done = True
+        return []
+
+    def on_engine_failed(self, message: str) -> list[Effect]:
+        out: list[Effect] = [Notice(f"the model failed on this call: {message}")]
+        self.outbox.clear()
+        self._close(out, 1011, "model error")
+        return out
+
+    def _queue(self, audio: np.ndarray, text: str, *, last: bool) -> None:
+        """Cut reply audio into whole 20 ms frames; the reply's last frame is padded with silence."""
+        data = np.concatenate([self._pending, audio])
+        n = len(data) // FRAME * FRAME
+        if last and n < len(data):
+            n += FRAME
+            data = np.pad(data, (0, n - len(data)))
+        text = self._pending_text + text
+        if n == 0 and not (last and text):
+            self._pending, self._pending_text = data, text
+            return
+        self._pending, self._pending_text = data[n:], ""
+        pcm16 = np.frombuffer(float_to_pcm16(data[:n]), dtype="<i2")
+        for e in self.core.handle(cmd.OutputChunkProduced(self.reply.epoch, n, text)):
+            if isinstance(e, ev.OutputChunk):
+                self.outbox.append((e, ulaw_encode(pcm16)))
+
+    def played_estimate(self, now: int) -> int:
+        if self.anchor is None:
+            return self.tx_samples
+        pos, at = self.anchor
+        return min(self.tx_samples, pos + max(0, now - at))
+
+    def release_output(self, now: int) -> list[Effect]:
+        """Send the reply audio due at clock sample `now` (at most output_lead ahead), each
+        chunk as 20 ms media messages followed by its mark."""
+        out: list[Effect] = []
+        if self.closed:
+            return out
+        if now > self.core.now_sample:
+            self.core.handle(cmd.Tick(now))
+        lead = self.options.output_lead_ms * RATE // 1000
+        while self.outbox:
+            played = self.played_estimate(now)
+            chunk, payload = self.outbox[0]
+            if chunk.start_sample >= played + lead:
+                break
+            self.outbox.popleft()
+            if played >= self.tx_samples:
+                self.anchor = (chunk.start_sample, now)
+            self.tx_samples = chunk.start_sample + chunk.n_samples
+            self._send_chunk(out, chunk, payload)
+        r = self.reply
+        if r is not None and r.engine_done and not self.outbox:
+            for e in self.core.handle(cmd.ResponseCompleted(r.epoch)):
+                if isinstance(e, ev.ResponseDone):
+                    out.append(Notice(f"response {e.response_id} generated: {e.n_samples} samples"))
+            self.reply = None
+        return out
+
+    def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, payload: bytes) -> None:
+        sid = self.stream.streamSid
+        for i in range(0, len(payload), FRAME):
+            out.append(Send({"event": "media", "streamSid": sid,
+                             "media": {"payload": base64.b64encode(payload[i : i + FRAME]).decode()}}))
+        name = mark_name(chunk)
+        self.marks[name] = (chunk.epoch, chunk.start_sample + chunk.n_samples)
+        out.append(Send({"event": "mark", "streamSid": sid, "mark": {"name": name}}))
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def responses(self) -> list[dict[str, Any]]:
+        """Each reply with what the caller heard of it: up to its last echoed mark."""
+        core = self.core
+        out = []
+        for r in core.responses:
+            if r.heard_samples is not None:
+                status, heard = "cancelled", r.heard_samples
+            else:
+                status = "in_progress" if r.generating else "completed"
+                heard = max(0, min(core.played_samples - r.start_sample, r.sent_samples))
+            out.append({"id": r.id, "epoch": r.epoch, "status": status,
+                        "sent_samples": r.sent_samples, "heard_samples": heard,
+                        "transcript": r.text_before(heard)})
+        return out
+
+    def close(self) -> dict[str, Any]:
+        """Release everything; returns the call's books: input accounting, replies and what
+        was heard of them, rejections, DTMF."""
+        self.closed = True
+        self.outbox.clear()
+        summary: dict[str, Any] = {
+            "call_sid": self.stream.callSid if self.stream else None,
+            "stream_sid": self.stream.streamSid if self.stream else None,
+            "sample_rate": RATE,
+            "responses": self.responses(),
+            "played_samples": self.core.played_samples,
+            "rejected": dict(self.rejected),
+            "dtmf": "".join(self.digits),
+        }
+        released = self.core.handle(cmd.Close())
+        summary["input"] = self.core.track(INPUT_TRACK).snapshot()
+        summary["released"] = dict(next(e for e in released if isinstance(e, ev.Released)).items)
+        return summary

@@ -1,0 +1,291 @@
+"""A simulated Twilio peer calls `duplex serve --model echo` (a real subprocess, real VAD).
+
+The peer sends paced 20 ms mu-law frames, plays what it receives on its own clock, echoes each
+mark only once the audio queued before it has played (or at once when a clear drops it, as
+Twilio does), and talks over the reply once. Its clock is the wall clock, so its times compare
+with the timestamps of the server's log lines on the same host.
+"""
+
+import asyncio
+import base64
+import json
+import os
+import re
+import threading
+import time
+from datetime import datetime
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+
+from duplex.bench.synth import babble
+from duplex.media import ulaw_decode, ulaw_encode
+
+RATE = 8000
+FRAME = 160
+FRAME_S = FRAME / RATE
+VAD_CHUNK = 256
+SID = "MZ00000000000000000000000000000001"
+
+
+def mulaw(x: np.ndarray) -> bytes:
+    return ulaw_encode((np.clip(x, -1, 1) * 32767).astype(np.int16))
+
+
+def decoded(data: bytes) -> np.ndarray:
+    return ulaw_decode(data).astype(np.float32) / 32768
+
+
+class Peer:
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.outq: asyncio.Queue = asyncio.Queue()
+        self.seq = 0
+        self.chunk = 0
+        self.next_frame_at = 0.0
+        self.sent_samples = 0
+        """Every sample in a decodable media payload, taken by the server or not."""
+        self.taken: list[tuple[int, float]] = []
+        """(end sample on the server's input clock, time sent) of each frame it should take."""
+        self.taken_audio: list[bytes] = []
+        self.taken_put = 0
+        self.play_end = 0.0
+        self.reply_samples = 0
+        self.media_in: list[tuple[float, bytes]] = []
+        self.marks_in: list[tuple[float, str]] = []
+        self.played: list[tuple[float, str, int]] = []
+        """Marks echoed because their audio played: (time, name, reply samples before it)."""
+        self.dropped_marks: list[str] = []
+        self.echoes: dict[str, asyncio.Task] = {}
+        self.clears: list[float] = []
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def writer(self) -> None:
+        while (item := await self.outq.get()) is not None:
+            message, taken = item
+            if "sequenceNumber" not in message and message["event"] != "connected":
+                self.seq += 1
+                message = {"event": message.pop("event"), "sequenceNumber": str(self.seq), **message}
+            try:
+                await self.ws.send(json.dumps(message))
+            except websockets.ConnectionClosed:
+                return
+            if taken:
+                self.taken.append((len(self.taken_audio) * FRAME + taken, time.time()))
+                self.taken_audio.append(base64.b64decode(message["media"]["payload"]))
+
+    def put(self, message: dict, taken: int = 0) -> None:
+        self.outq.put_nowait((message, taken))
+
+    def media(self, payload: bytes, *, taken: bool = True, **extra) -> None:
+        self.chunk += 1
+        self.sent_samples += len(payload)
+        self.taken_put += 1 if taken else 0
+        self.put({"event": "media", "streamSid": SID, **extra, "media": {
+            "track": "inbound", "chunk": str(self.chunk),
+            "timestamp": str((self.chunk - 1) * 20), "payload": base64.b64encode(payload).decode(),
+        }}, len(payload) if taken else 0)
+
+    async def speak(self, signal: np.ndarray) -> None:
+        """Frames at real time on one continuous 20 ms cadence."""
+        for i in range(0, len(signal), FRAME):
+            self.next_frame_at = max(self.next_frame_at + FRAME_S, time.time() - FRAME_S)
+            await asyncio.sleep(max(0.0, self.next_frame_at - time.time()))
+            self.media(mulaw(signal[i : i + FRAME]))
+
+    # -- receiving and playing -----------------------------------------------------------
+
+    async def reader(self) -> None:
+        async for raw in self.ws:
+            now = time.time()
+            event = json.loads(raw)
+            assert event["streamSid"] == SID
+            if event["event"] == "media":
+                payload = base64.b64decode(event["media"]["payload"])
+                assert len(payload) == FRAME
+                self.media_in.append((now, payload))
+                self.play_end = max(self.play_end, now) + FRAME_S
+                self.reply_samples += FRAME
+            elif event["event"] == "mark":
+                name = event["mark"]["name"]
+                self.marks_in.append((now, name))
+                self.echoes[name] = asyncio.create_task(
+                    self.echo_when_played(name, self.play_end, self.reply_samples))
+            elif event["event"] == "clear":
+                self.clears.append(now)
+                self.play_end = now
+                for name, task in list(self.echoes.items()):
+                    if task.cancel():
+                        self.dropped_marks.append(name)
+                        self.echo(name)
+            else:
+                raise AssertionError(f"unexpected event {event}")
+
+    async def echo_when_played(self, name: str, due: float, reply_samples: int) -> None:
+        await asyncio.sleep(max(0.0, due - time.time()))
+        self.played.append((time.time(), name, reply_samples))
+        self.echo(name)
+
+    def echo(self, name: str) -> None:
+        self.echoes.pop(name, None)
+        self.put({"event": "mark", "streamSid": SID, "mark": {"name": name}})
+
+    def heard_s(self) -> float:
+        """Seconds of reply played so far on this peer's clock."""
+        if not self.media_in:
+            return 0.0
+        return min(time.time() - self.media_in[0][0], self.reply_samples / RATE)
+
+
+class ServerLog:
+    def __init__(self, proc) -> None:
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, ""):
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout_s: float = 10.0) -> re.Match:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for line in self.lines:
+                if m := re.search(pattern, line):
+                    return m
+            time.sleep(0.05)
+        raise AssertionError(f"no log line matches {pattern!r}:\n{''.join(self.lines)}")
+
+    def all(self, pattern: str) -> list[re.Match]:
+        return [m for line in self.lines if (m := re.search(pattern, line))]
+
+    def decisions(self) -> list[tuple[float, int]]:
+        """(wall time, input sample) of each speech-start decision the server logged."""
+        found = self.all(r"^(\S+ \S+) INFO duplex\.twilio .*speech started at sample (\d+)")
+        return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(m[2]))
+                for m in found]
+
+
+async def wait_until(condition, timeout_s: float, what: str, peer: Peer) -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        await peer.speak(np.zeros(FRAME, np.float32))
+
+
+def best_ncc(reply: np.ndarray, caller: np.ndarray, start: int, max_lag: int = 320) -> float:
+    seg = reply[start:]
+    best = 0.0
+    for lag in range(-max_lag, max_lag + 1):
+        ref = caller[start + lag : start + lag + len(seg)]
+        n = min(len(seg), len(ref))
+        a, b = seg[:n], ref[:n]
+        best = max(best, float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-9)))
+    return best
+
+
+@pytest.mark.slow
+async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process):
+    server = server_process("--model", "echo",
+                            env={**os.environ, "DUPLEX_TELEPHONY__END_CALL_DIGIT": "#"})
+    log = ServerLog(server.proc)
+    twiml = httpx.post(f"{server.url}/telephony/twilio/twiml")
+    assert twiml.headers["content-type"].startswith("text/xml")
+    assert f'<Stream url="wss://127.0.0.1:{server.port}/telephony/twilio"/>' in twiml.text
+
+    silence = np.zeros(RATE, np.float32)
+    turn = np.concatenate([silence[: RATE // 5], babble(RATE * 9 // 5, rate=RATE, seed=11)])
+    interruption = babble(RATE * 3 // 5, rate=RATE, seed=12)
+    ws_url = server.url.replace("http", "ws") + "/telephony/twilio"
+    async with websockets.connect(ws_url, compression=None) as ws:
+        peer = Peer(ws)
+        tasks = [asyncio.create_task(peer.writer()), asyncio.create_task(peer.reader())]
+        peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        peer.media(mulaw(silence[:FRAME]), taken=False, sequenceNumber="1")  # before start
+        peer.put({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
+            "streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
+            "customParameters": {"caller": "test"},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})
+        peer.seq = 1
+        peer.next_frame_at = time.time()
+        await peer.speak(turn[: RATE // 5])
+        peer.media(mulaw(silence[:FRAME]), taken=False, sequenceNumber="3")  # replayed number
+        peer.put({"event": "media", "streamSid": SID, "media": {
+            "track": "inbound", "chunk": "0", "timestamp": "0", "payload": "not*base64"}})
+        peer.put({"event": "hangup", "streamSid": SID})
+        peer.put({"event": "mark", "streamSid": SID, "mark": {"name": "never-sent"}})
+        await peer.speak(turn[RATE // 5 :])
+
+        # Silence ends the turn and its echo plays; 0.8 s in, the caller talks over it.
+        await wait_until(lambda: peer.heard_s() >= 0.8, 10.0, "the reply", peer)
+        onset_frame = peer.taken_put
+        await peer.speak(interruption)
+        speech_end = time.time()
+        await wait_until(lambda: peer.clears and len(peer.media_in) > 0
+                         and peer.media_in[-1][0] > peer.clears[0] + 0.2, 10.0,
+                         "the reply to the interruption", peer)
+        await peer.speak(silence[: RATE // 5])
+        peer.put({"event": "dtmf", "streamSid": SID,
+                  "dtmf": {"track": "inbound_track", "digit": "#"}})
+        await asyncio.wait_for(tasks[1], 5.0)
+        peer.outq.put_nowait(None)
+        await tasks[0]
+        for task in peer.echoes.values():
+            task.cancel()
+        assert ws.close_code == 1000
+
+    summary = json.loads(log.wait_for(r"twilio call \S+ ended: (\{.*\})")[1])
+    decisions = log.decisions()
+    metrics = httpx.get(f"{server.url}/metrics").text
+
+    # Every inbound sample is accounted for, the refused ones with their reasons.
+    taken = len(peer.taken_audio) * FRAME
+    assert summary["input"] == {"received": peer.sent_samples, "consumed": taken, "buffered": 0,
+                                "dropped": {"before_start": FRAME, "out_of_order": FRAME}}
+    reasons = {"before_start", "out_of_order", "bad_base64", "unknown_event", "unknown_mark"}
+    assert summary["rejected"] == dict.fromkeys(reasons, 1)
+    for reason in reasons:
+        assert f'duplex_telephony_rejected_total{{reason="{reason}"}} 1.0' in metrics
+    assert 'duplex_telephony_dtmf_total{digit="#"} 1.0' in metrics
+    assert summary["dtmf"] == "#"
+
+    # One clear, right after the server decided the caller was talking over the reply. How
+    # long that decision takes is the VAD's business (and a loaded host's); from decision to
+    # clear is this bridge's: one codec frame, with slack for a busy machine.
+    [clear_at] = peer.clears
+    assert len(decisions) == 2
+    decided_at, decided_sample = decisions[1]
+    onset = onset_frame * FRAME
+    assert onset - VAD_CHUNK <= decided_sample < onset + len(interruption)
+    onset_sent = peer.taken[onset_frame][1]
+    deciding_frame_sent = next(t for end, t in peer.taken if end >= decided_sample + VAD_CHUNK)
+    print(f"barge-in: onset -> decision {1000 * (decided_at - onset_sent):.0f} ms (VAD latency "
+          f"{1000 * (decided_at - deciding_frame_sent):.0f} ms), decision -> clear at the peer "
+          f"{1000 * (clear_at - decided_at):.0f} ms")
+    assert -0.002 <= clear_at - decided_at < 0.2
+
+    # Nothing of the cancelled reply after the clear: the next audio is the next reply's.
+    first_reply = [payload for t, payload in peer.media_in if t < clear_at]
+    later = [t for t, _ in peer.media_in if t >= clear_at]
+    assert later and min(later) > speech_end + 0.3
+    names_after = [name for t, name in peer.marks_in if t >= clear_at]
+    assert names_after and all(name.startswith("duplex.r1.") for name in names_after)
+    assert all(name.startswith("duplex.r0.") for name in peer.dropped_marks)
+
+    # The transcript stops at the last mark Twilio echoed as played before the barge-in.
+    reply = summary["responses"][0]
+    assert reply["status"] == "cancelled"
+    played = [(t, samples) for t, name, samples in peer.played if name.startswith("duplex.r0.")]
+    candidates = [samples for t, samples in played if t < clear_at]
+    assert reply["heard_samples"] in candidates
+    assert reply["heard_samples"] >= max(s for t, s in played if t < clear_at - 0.2)
+    k = candidates.index(reply["heard_samples"]) + 1
+    assert reply["transcript"] == "".join(f"frame{i} " for i in range(k))
+
+    # The echo model's reply is the caller's own audio, through two mu-law trips.
+    caller = decoded(b"".join(peer.taken_audio))
+    ncc = best_ncc(decoded(b"".join(first_reply)), caller, start=RATE // 5)
+    print(f"reply/caller normalised cross-correlation {ncc:.3f}")
+    assert ncc > 0.9
