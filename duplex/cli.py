@@ -59,6 +59,7 @@ def _bench(args: argparse.Namespace) -> int:
         find=args.find_max,
         limit=args.max_sessions,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        torch_threads=settings.engine.torch_threads,
     )
     print(table(report))
     if args.json:

@@ -25,6 +25,8 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    """json: one object a line, with session_id and epoch where a session logged it."""
     shutdown_timeout_s: float = Field(5.0, gt=0)
 
 
@@ -43,6 +45,8 @@ class EngineSettings(_Section):
     max_batch: int = Field(32, ge=1)
     audio_lead_s: float = Field(1.0, gt=0)
     """Reply audio generated ahead of real time before a session's Talker waits."""
+    torch_threads: int = Field(0, ge=0)
+    """CPU threads for model math; 0 leaves one core to the event loop (at least 1 thread)."""
 
 
 class RealtimeSettings(_Section):
@@ -68,6 +72,37 @@ class WebRTCSettings(_Section):
     """STUN/TURN servers for real deployments, e.g. {urls = "turn:turn.example:3478", ...}."""
     video_fps: float = Field(2.0, gt=0, le=30)
     """Camera frames per second sampled (by timestamp) into the vision encoder."""
+
+
+class TelephonySettings(_Section):
+    public_url: str = Field("", pattern=r"^((https?|wss?)://[^/\s]+(/\S*)?)?$")
+    """Where Twilio reaches this server (https://HOST[/PREFIX]); empty: the Host it asked on."""
+    end_call_digit: str = Field("", pattern=r"^[0-9*#A-D]?$")
+    """A DTMF digit that hangs up the call; empty for none."""
+    output_lead_ms: int = Field(200, ge=0, le=2000)
+    """Reply audio is sent at most this far ahead of the caller's playback."""
+    auth_token: str = ""
+    """The Twilio account's auth token: /telephony requests must carry a valid
+    X-Twilio-Signature (or an API key). Empty: not checked."""
+
+
+class AuthSettings(_Section):
+    api_keys: list[str] = []
+    """Keys accepted on every session entry point; empty: no authentication."""
+    ephemeral_key_ttl_s: int = Field(600, ge=10, le=7200)
+    """Lifetime of an ephemeral key when the request names none."""
+
+
+class LimitsSettings(_Section):
+    """Counted per node; 0 means no limit."""
+
+    sessions: int = Field(0, ge=0)
+    sessions_per_key: int = Field(0, ge=0)
+    messages_per_s: float = Field(0.0, ge=0)
+    """Client events per second, all sessions of the node together."""
+    messages_per_s_per_key: float = Field(0.0, ge=0)
+    message_burst: int = Field(50, ge=1)
+    max_session_s: float = Field(0.0, ge=0)
 
 
 class StoreSettings(_Section):
@@ -96,7 +131,10 @@ class Settings(_Section):
     engine: EngineSettings = EngineSettings()
     realtime: RealtimeSettings = RealtimeSettings()
     webrtc: WebRTCSettings = WebRTCSettings()
+    telephony: TelephonySettings = TelephonySettings()
     store: StoreSettings = StoreSettings()
+    auth: AuthSettings = AuthSettings()
+    limits: LimitsSettings = LimitsSettings()
 
 
 class ConfigError(Exception):

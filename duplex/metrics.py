@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from duplex import __version__
@@ -19,6 +19,65 @@ class Metrics:
         self.active_sessions = Gauge(
             "duplex_active_sessions", "Sessions open on this node", registry=self.registry
         )
+        self.telephony_rejected = Counter(
+            "duplex_telephony_rejected",
+            "Telephony messages refused (the call goes on), by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.telephony_dtmf = Counter(
+            "duplex_telephony_dtmf", "DTMF digits received from calls", ["digit"],
+            registry=self.registry,
+        )
+
+        latency = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+        self.stage_queue = Histogram(
+            "duplex_stage_queue_seconds", "Time a payload waited before its stage ran it",
+            ["stage"], buckets=latency, registry=self.registry,
+        )
+        self.stage_compute = Histogram(
+            "duplex_stage_compute_seconds", "One batched model call of a stage", ["stage"],
+            buckets=latency, registry=self.registry,
+        )
+        self.stage_batch = Histogram(
+            "duplex_stage_batch_size", "Sessions in one batched model call", ["stage"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry,
+        )
+        self.ttfa = Histogram(
+            "duplex_ttfa_seconds", "Response start (end of the user's turn) to its first audio sent",
+            buckets=latency, registry=self.registry,
+        )
+        self.barge_in = Histogram(
+            "duplex_barge_in_seconds",
+            "Onset of the user's speech over a reply (media clock) to the reply being cut",
+            buckets=latency, registry=self.registry,
+        )
+        self.bytes_held = Gauge(
+            "duplex_engine_bytes_held", "Bytes the engine holds for open sessions (KV, codec "
+            "state, queues)", registry=self.registry,
+        )
+        self.dropped = Counter(
+            "duplex_dropped", "Media dropped instead of processed, by kind and reason",
+            ["kind", "reason"], registry=self.registry,
+        )
+
+    def sync_engine(self, engine) -> None:
+        """Move the engine's new per-stage samples and drops into the metrics. The engine
+        thread appends while this runs; taking a prefix and deleting exactly it loses nothing,
+        and keeps a long-running server's sample lists from growing without end."""
+        for stage, st in list(engine.stats.stages.items()):
+            for values, metric, scale in ((st.queue_ms, self.stage_queue, 1e-3),
+                                          (st.compute_ms, self.stage_compute, 1e-3),
+                                          (st.batch_sizes, self.stage_batch, 1)):
+                n = len(values)
+                taken = values[:n]
+                del values[:n]
+                child = metric.labels(stage)
+                for v in taken:
+                    child.observe(v * scale)
+        for drop in engine.drain_drops():
+            self.dropped.labels(drop.kind, drop.reason).inc(drop.n)
+        self.bytes_held.set(engine.total_bytes_held())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

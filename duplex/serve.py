@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from duplex import logs
 from duplex.config import Settings
 from duplex.hub import SessionHub
 from duplex.server import create_app
@@ -42,10 +43,7 @@ class _Server(uvicorn.Server):
 
 
 def serve(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(settings.server.log_level, settings.server.log_format)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -58,6 +56,9 @@ def serve(settings: Settings) -> None:
         ws_max_size=4 * settings.realtime.max_message_bytes,
         lifespan="on",
         log_level=settings.server.log_level,
+        # uvicorn's own config would give its loggers text handlers; in JSON mode they go
+        # through the root handler like everything else.
+        log_config=None if settings.server.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s) + 1,
     )
     _Server(config, app.state.hub, settings.server.shutdown_timeout_s).run()

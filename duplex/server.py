@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex import __version__
+from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate, client_secrets_endpoint
 from duplex.config import Settings
-from duplex.engine import Engine, EngineConfig, SchedulerConfig
+from duplex.engine import Engine, EngineConfig, SchedulerConfig, set_torch_threads
 from duplex.hub import SessionHub
+from duplex.limits import Admission
 from duplex.metrics import Metrics
+from duplex.store import SessionRegistry, open_store
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.ws import realtime_endpoint
+from duplex.transport.twilio.protocol import Options as TwilioOptions
+from duplex.transport.twilio.twiml import twiml_endpoint
+from duplex.transport.twilio.ws import twilio_endpoint
 from duplex.transport.webrtc.calls import CallRegistry
 from duplex.vad import VadService
 from models.registry import load_model
@@ -29,6 +38,12 @@ log = logging.getLogger("duplex.server")
 
 def create_app(settings: Settings) -> Starlette:
     hub = SessionHub()
+    ss = settings.store
+    node_id = ss.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    # Expired sessions are remembered as long again, so a late resume hears "expired".
+    store = open_store(ss.backend, ss.redis_url, tombstone_s=ss.retention_s)
+    registry = SessionRegistry(store, node_id, ss.retention_s)
+    gate = Gate(settings.auth, settings.telephony, registry, Admission(settings.limits))
     metrics = Metrics(settings.model.name)
     metrics.active_sessions.set_function(lambda: len(hub))
 
@@ -39,16 +54,21 @@ def create_app(settings: Settings) -> Starlette:
                 "version": __version__,
                 "model": settings.model.name,
                 "active_sessions": len(hub),
+                "node_id": node_id,
+                "store": ss.backend,
             }
         )
 
     async def metrics_endpoint(_request: Request) -> Response:
+        if "engine" in parts:
+            metrics.sync_engine(parts["engine"])
         return Response(metrics.render(), media_type=metrics.content_type)
 
     parts: dict[str, object] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
+        set_torch_threads(settings.engine.torch_threads)
         model = load_model(settings.model.name, settings.model.cache_dir, settings.model.device)
         es = settings.engine
         engine = Engine(
@@ -67,10 +87,9 @@ def create_app(settings: Settings) -> Starlette:
         parts.update(engine=engine, vad=VadService())
         log.info("model %s loaded on %s (%s)", model.name, model.device, model.dtype)
         yield
-        log.info("shutting down: closing %d open sessions", len(hub))
-        await hub.close_all("server_shutdown", settings.server.shutdown_timeout_s)
         engine.stop()
         parts["vad"].stop()
+        await store.close()
 
     rs = settings.realtime
     limits = Limits(
@@ -84,20 +103,34 @@ def create_app(settings: Settings) -> Starlette:
         settings.webrtc,
     )
     realtime = realtime_endpoint(
-        lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub
+        lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
+        registry=registry, heartbeat_s=ss.heartbeat_s, metrics=metrics,
+    )
+
+    ts = settings.telephony
+    twilio = twilio_endpoint(
+        lambda: parts["engine"], lambda: parts["vad"],
+        TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit),
+        metrics, hub,
     )
 
     routes = [
         Route("/healthz", healthz),
         Route("/metrics", metrics_endpoint),
+        Route(CLIENT_SECRETS_PATH, client_secrets_endpoint(gate, settings.model.name),
+              methods=["POST"]),
         Route("/v1/realtime/calls", calls.create, methods=["POST"]),
         Route("/v1/realtime/calls/{call_id}/hangup", calls.hangup, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime),
         WebSocketRoute("/realtime", realtime),
+        Route("/telephony/twilio/twiml", twiml_endpoint(ts.public_url), methods=["POST"]),
+        WebSocketRoute("/telephony/twilio", twilio),
         Mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(AuthMiddleware, gate=gate)])
     app.state.settings = settings
     app.state.hub = hub
+    app.state.registry = registry
     app.state.metrics = metrics
     return app

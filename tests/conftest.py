@@ -64,3 +64,48 @@ def tiny_omni_dir(tmp_path_factory):
     from models.registry import build_tiny
 
     return build_tiny("tiny-omni", tmp_path_factory.mktemp("models"))
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, nothing persisted; restartable in place."""
+
+    def __init__(self, tmp_dir) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tmp_dir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (make test installs it with apt-get)")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

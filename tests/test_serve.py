@@ -13,7 +13,9 @@ import pytest
 def test_serve_answers_health_and_metrics_then_exits_zero(server_process, sig):
     server = server_process("--model", "echo")
     health = httpx.get(f"{server.url}/healthz").json()
-    assert health == {"status": "ok", "version": "0.1.0", "model": "echo", "active_sessions": 0}
+    assert {k: health[k] for k in ("status", "version", "model", "active_sessions")} == {
+        "status": "ok", "version": "0.1.0", "model": "echo", "active_sessions": 0,
+    }
     metrics = httpx.get(f"{server.url}/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "duplex_active_sessions 0.0" in metrics.text
@@ -34,3 +36,24 @@ def test_bad_config_stops_startup_naming_key_and_file(tmp_path):
     )
     assert result.returncode == 2
     assert f"{cfg}: unknown key 'modle'" in result.stderr
+
+
+@pytest.mark.slow
+async def test_sigterm_closes_open_sessions_then_exits_zero(server_process):
+    import asyncio
+    import json
+
+    import websockets
+
+    server = server_process("--model", "echo")
+    url = server.url.replace("http", "ws") + "/v1/realtime"
+    async with websockets.connect(url) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created"
+        assert httpx.get(f"{server.url}/healthz").json()["active_sessions"] == 1
+        server.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd.code == 1001
+    assert server.proc.wait(timeout=20) == 0

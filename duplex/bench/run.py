@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from duplex.bench.synth import babble
-from duplex.engine import Engine, EngineConfig, SchedulerConfig
+from duplex.engine import Engine, EngineConfig, SchedulerConfig, set_torch_threads
 from duplex.engine.stats import percentiles
 from duplex.media import float_to_pcm16
 from duplex.transport.realtime.protocol import Limits
@@ -227,9 +226,10 @@ async def find_max(model, vad, duration_s: float, batching: bool, limit: int, lo
 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
-          find: bool, limit: int, log=print) -> dict:
+          find: bool, limit: int, log=print, torch_threads: int = 0) -> dict:
     from models.registry import load_model
 
+    threads = set_torch_threads(torch_threads)
     model = load_model(model_name, cache_dir)
     vad = VadService()
     try:
@@ -257,7 +257,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
         return {
             "model": model.name,
             "device": model.device,
-            "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+            "torch_threads": threads,
             "duration_s": duration_s,
             "modes": modes,
             "ratio": ratio,
@@ -294,7 +294,10 @@ def table(report: dict) -> str:
         row(f"{st}: mean batch", lambda m, st=st: str(m["stages"][st]["mean_batch"]) if st in m["stages"] else "-")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append(f"model {report['model']} on {report['device']}; ratio batched/baseline: {report['ratio']}")
+    lines.append(
+        f"model {report['model']} on {report['device']} ({report['torch_threads']} torch threads); "
+        f"ratio batched/baseline: {report['ratio']}"
+    )
     codec = next(iter(report["modes"].values()))["codec_stream_vs_offline"]
     if codec:
         lines.append(f"codec streaming vs offline cost per frame: {codec}")

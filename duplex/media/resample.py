@@ -22,15 +22,22 @@ def resample(samples: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
 
 
 class Resampler:
-    """Streaming resampler: chunks in, chunks out, filter state carried between calls."""
+    """Streaming resampler: chunks in, chunks out, filter state carried between calls.
 
-    def __init__(self, in_rate: int, out_rate: int) -> None:
+    `quality` "HQ" (the default) is for audio someone hears or a model encodes; its filter
+    releases output in bursts tens of milliseconds apart. "QQ" releases every chunk at once,
+    which is what speech detection wants.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int, quality: str = "HQ") -> None:
         _check_rate(in_rate)
         _check_rate(out_rate)
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream = (
-            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, "float32", "HQ")
+            None
+            if in_rate == out_rate
+            else soxr.ResampleStream(in_rate, out_rate, 1, "float32", quality)
         )
 
     def process(self, samples: np.ndarray, *, last: bool = False) -> np.ndarray:

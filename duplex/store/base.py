@@ -52,6 +52,8 @@ class EphemeralKey:
     key_id: str
     """The API key it was issued under; limits count against that key."""
     expires_at: float
+    session_id: str
+    """The id of the one session the key opens."""
     session: dict[str, Any] = field(default_factory=dict)
 
 
@@ -94,6 +96,7 @@ class SessionStore(Protocol):
 
     async def put_key(self, secret_hash: str, key: EphemeralKey) -> None: ...
 
-    async def get_key(self, secret_hash: str) -> EphemeralKey | None: ...
+    async def take_key(self, secret_hash: str) -> EphemeralKey | None:
+        """The key, removed in the same step: an ephemeral key opens one session."""
 
     async def close(self) -> None: ...

@@ -66,10 +66,9 @@ class MemoryStore:
         self._expire()
         self._keys[secret_hash] = copy.deepcopy(key)
 
-    async def get_key(self, secret_hash: str) -> EphemeralKey | None:
+    async def take_key(self, secret_hash: str) -> EphemeralKey | None:
         self._expire()
-        key = self._keys.get(secret_hash)
-        return copy.deepcopy(key) if key is not None else None
+        return self._keys.pop(secret_hash, None)
 
     async def close(self) -> None:
         pass

@@ -140,16 +140,16 @@ class RedisStore:
 
     async def put_key(self, secret_hash: str, key: EphemeralKey) -> None:
         value = json.dumps({"key_id": key.key_id, "expires_at": key.expires_at,
-                            "session": key.session})
+                            "session_id": key.session_id, "session": key.session})
         try:
             await self.redis.set(f"{self.prefix}k:{secret_hash}", value,
                                  pxat=int(key.expires_at * 1000))
         except _ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
 
-    async def get_key(self, secret_hash: str) -> EphemeralKey | None:
+    async def take_key(self, secret_hash: str) -> EphemeralKey | None:
         try:
-            value = await self.redis.get(f"{self.prefix}k:{secret_hash}")
+            value = await self.redis.getdel(f"{self.prefix}k:{secret_hash}")
         except _ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
         if value is None:
@@ -157,7 +157,7 @@ class RedisStore:
         data = json.loads(value)
         if data["expires_at"] <= self.clock():
             return None
-        return EphemeralKey(data["key_id"], data["expires_at"], data["session"])
+        return EphemeralKey(data["key_id"], data["expires_at"], data["session_id"], data["session"])
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -91,15 +91,17 @@ class SessionRegistry:
         lease = Lease(session_id, claimed.epoch, claimed.secret_hash, claimed.created_at)
         return lease, claimed
 
-    async def issue_key(self, key_id: str, session: dict[str, Any],
+    async def issue_key(self, key_id: str, session_id: str, session: dict[str, Any],
                         ttl_s: float) -> tuple[str, float]:
         value = new_secret("ek_")
         expires_at = self.clock() + ttl_s
-        await self.store.put_key(hash_secret(value), EphemeralKey(key_id, expires_at, session))
+        await self.store.put_key(hash_secret(value),
+                                 EphemeralKey(key_id, expires_at, session_id, session))
         return value, expires_at
 
-    async def check_key(self, value: str) -> EphemeralKey | None:
-        key = await self.store.get_key(hash_secret(value))
+    async def take_key(self, value: str) -> EphemeralKey | None:
+        """The ephemeral key `value`, used up; None when unknown, used or expired."""
+        key = await self.store.take_key(hash_secret(value))
         if key is None or key.expires_at <= self.clock():
             return None
         return key

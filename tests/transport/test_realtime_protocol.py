@@ -206,3 +206,33 @@ def test_camera_frames_are_sampled_by_timestamp_into_the_engine():
     assert [e.frame for e in pushed] == ["frame0", "frame15", "frame30", "frame45"]
     video = p.core.track("video")
     assert (video.received, video.consumed, video.dropped) == (60, 4, {"not_sampled": 56})
+
+
+def test_text_and_image_items_reach_the_engine_and_bad_images_are_named():
+    import av
+
+    from duplex.media.image import decode_image
+    from duplex.transport.realtime.protocol import EnginePushImage, EnginePushText
+
+    p = make()
+    effects = send(p, type="conversation.item.create",
+                   item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+    assert [e for e in effects if isinstance(e, EnginePushText)] == [EnginePushText("hello")]
+    assert [e["type"] for e in sent(effects)] == ["conversation.item.added", "conversation.item.done"]
+
+    png = av.CodecContext.create("png", "w")
+    png.width, png.height, png.pix_fmt = 8, 6, "rgb24"
+    frame = av.VideoFrame.from_ndarray(np.full((6, 8, 3), 200, np.uint8), format="rgb24")
+    image_bytes = b"".join(bytes(p) for p in [*png.encode(frame), *png.encode(None)])
+    url = "data:image/png;base64," + b64(image_bytes)
+    effects = send(p, type="conversation.item.create",
+                   item={"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]})
+    [image] = [e for e in effects if isinstance(e, EnginePushImage)]
+    assert decode_image(image.data).shape == (6, 8, 3)
+
+    err = error_of(send(p, type="conversation.item.create", item={
+        "type": "message", "role": "user",
+        "content": [{"type": "input_image", "image_url": "https://example.com/cat.png"}]}))
+    assert (err["code"], err["param"]) == ("invalid_value", "item.content.0.image_url")
+    with pytest.raises(ValueError, match="could not be decoded"):
+        decode_image(b"not an image")

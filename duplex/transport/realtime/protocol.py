@@ -77,6 +77,17 @@ class EnginePushFrame:
 
 
 @dataclass(frozen=True)
+class EnginePushText:
+    text: str
+
+
+@dataclass(frozen=True)
+class EnginePushImage:
+    data: bytes
+    """An encoded image (PNG, JPEG, ...) from an input_image item."""
+
+
+@dataclass(frozen=True)
 class EngineCommit:
     epoch: int
 
@@ -126,7 +137,7 @@ class ResumeSession:
 
 
 Effect = (
-    Send | EnginePush | EnginePushFrame | EngineCommit | EngineCancel | EngineClearInput | VadFeed | PlayAudio
+    Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit | EngineCancel | EngineClearInput | VadFeed | PlayAudio
     | FlushAudio | CloseConnection | ResumeSession
 )
 
@@ -219,9 +230,10 @@ class RealtimeProtocol:
         self.turn_detection: schema.TurnDetection | None = schema.TurnDetection(type="server_vad")
         self.detector = self._new_detector()
         self._to_model = Resampler(RATE, model_input_rate)
-        self._to_vad = Resampler(RATE, VAD_RATE)
+        self._to_vad = Resampler(RATE, VAD_RATE, quality="QQ")
         self._from_model = Resampler(model_output_rate, RATE)
-        self._g711_in = Resampler(8000, RATE)
+        # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
+        self._g711_in = Resampler(8000, RATE, quality="QQ")
         self._g711_out = Resampler(RATE, 8000)
         self._ids = itertools.count(1)
         self.items: list[ItemRecord] = []
@@ -400,26 +412,30 @@ class RealtimeProtocol:
                                           "instructions") if k in config}
         if "turn_detection" in config:
             td = config["turn_detection"]
-            updates["turn_detection"] = td and schema.TurnDetection.model_validate(td)
+            updates["turn_detection"] = None if td is None else schema.TurnDetection.model_validate(td)
         self._apply_updates(updates)
         out: list[Effect] = []
         self._emit(out, "session.resumed", session=self._session_with_token())
         return out
 
-    def resume_failed(self, code: str, message: str) -> list[Effect]:
-        """The resume was refused; this connection goes on as the fresh session it announced."""
+    def configure(self, session: dict[str, Any]) -> None:
+        """Apply GA session settings without an event (an ephemeral key's, before
+        session.created); raises ProtocolError."""
+        self._apply_ga_session(session)
+
+    def refuse(self, code: str, message: str, param: str | None = None) -> list[Effect]:
+        """An error the edge decided on (a refused resume, a rate limit); the session goes on."""
         out: list[Effect] = []
-        self._error(out, code, message, "session_id")
+        self._error(out, code, message, param)
         return out
 
-    def taken_over(self) -> list[Effect]:
-        """Another connection claimed this session with a newer epoch: stop serving it now."""
+    def end(self, code: str, message: str, close_code: int, reason: str) -> list[Effect]:
+        """Say why, then close: the session was taken over, or ran past its time."""
         out: list[Effect] = []
-        self._error(out, "session_taken_over",
-                    f"Session '{self.session_id}' was resumed on another connection; this one "
-                    "no longer serves it.")
-        self.closed = True
-        out.append(CloseConnection(4409, "session taken over"))
+        self._error(out, code, message)
+        if not self.closed:
+            self.closed = True
+            out.append(CloseConnection(close_code, reason))
         return out
 
     def snapshot(self, now: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -629,9 +645,9 @@ class RealtimeProtocol:
                                     "item.content.0.audio")
             self._on_input_audio_buffer_append(schema.Append(type="x", audio=first.audio), out)
         elif first.type == "input_image":
-            raise ProtocolError("unsupported_content",
-                                "input_image items are not supported by this model yet.",
-                                "item.content.0.type")
+            out.append(EnginePushImage(_image_bytes(first.image_url)))
+        elif first.type in ("input_text", "text") and item.role == "user" and first.text:
+            out.append(EnginePushText(first.text))
         previous = self.items[-1].id if self.items else None
         self.items.append(record)
         self._emit(out, "conversation.item.added", item=record.as_wire(), previous_item_id=previous)
@@ -936,3 +952,21 @@ class RealtimeProtocol:
         self.outbox.clear()
         released = self.core.handle(cmd.Close())
         return dict(next(e for e in released if isinstance(e, ev.Released)).items)
+
+
+def _image_bytes(image_url: str | None) -> bytes:
+    """The bytes of a `data:image/...;base64,` URL; fetching URLs is not something we do."""
+    if not image_url:
+        raise ProtocolError("missing_required_parameter",
+                            "Missing required parameter: 'item.content[0].image_url'.",
+                            "item.content.0.image_url")
+    head, _, payload = image_url.partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64")):
+        raise ProtocolError("invalid_value",
+                            "Invalid value for 'image_url': only data:image/...;base64 URLs are "
+                            "accepted.", "item.content.0.image_url")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", "Invalid value for 'image_url': not valid base64.",
+                            "item.content.0.image_url") from None

@@ -13,6 +13,7 @@ import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from duplex.auth import choose_subprotocol
 from duplex.engine import (
     AdmissionRefused,
     AudioOut,
@@ -21,6 +22,12 @@ from duplex.engine import (
     ResponseTimings,
     SessionFailed,
 )
+from duplex.limits import Quota
+from duplex.logs import bind_session
+from duplex.media.image import decode_image
+from duplex.metrics import Metrics
+from duplex.store import ResumeError, SessionRegistry
+from duplex.store.keeper import SessionKeeper
 from duplex.transport.realtime.protocol import (
     RATE,
     CloseConnection,
@@ -29,10 +36,13 @@ from duplex.transport.realtime.protocol import (
     EngineCommit,
     EnginePush,
     EnginePushFrame,
+    EnginePushImage,
+    EnginePushText,
     FlushAudio,
     Limits,
     PlayAudio,
     RealtimeProtocol,
+    ResumeSession,
     Send,
     VadFeed,
 )
@@ -40,6 +50,12 @@ from duplex.vad import VadService, VadStream
 
 log = logging.getLogger("duplex.realtime")
 TICK_S = 0.02
+# Events after which the conversation (or its settings) changed: saved at once, not at the
+# next heartbeat.
+_SAVE_AFTER = frozenset({
+    "session.updated", "conversation.item.done", "conversation.item.truncated",
+    "conversation.item.deleted", "response.done", "conversation.item.created",
+})
 
 
 class RealtimeSession:
@@ -50,13 +66,20 @@ class RealtimeSession:
 
     def __init__(self, engine: Engine, vad: VadService, limits: Limits, model_name: str,
                  send_text, *, beta: bool = False, session_id: str | None = None,
-                 media=None, video_interval_samples: int = RATE // 2) -> None:
+                 media=None, video_interval_samples: int = RATE // 2,
+                 registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
+                 quota: Quota | None = None, metrics: Metrics | None = None) -> None:
         self.engine = engine
         self.vad = vad
         self.send_text = send_text
         self.media = media
         """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
         self.session_id = session_id or "sess_" + secrets.token_hex(8)
+        """This connection's name in the engine and hub; a resume changes only the protocol's
+        (the registry's) id, so the same session resumed on this node never collides."""
+        token = None
+        if registry is not None:
+            lease, token = registry.new_lease(self.session_id)
         self.protocol = RealtimeProtocol(
             self.session_id,
             model=model_name,
@@ -66,12 +89,22 @@ class RealtimeSession:
             limits=limits,
             media_track=media is not None,
             video_interval_samples=video_interval_samples,
+            resume_token=token,
         )
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.vad_stream = VadStream()
         self.t0 = time.monotonic()
         self.close_code: int | None = None
+        self.quota = quota
+        self.metrics = metrics
+        self._response_started: float | None = None
+        self.keeper = None
+        if registry is not None:
+            self.keeper = SessionKeeper(
+                registry, lease, lambda: self.protocol.snapshot(self.now_sample()),
+                lambda: self.inbox.put_nowait(("fenced",)), heartbeat_s,
+            )
 
     def now_sample(self) -> int:
         return int((time.monotonic() - self.t0) * RATE)
@@ -90,14 +123,24 @@ class RealtimeSession:
 
     async def run(self) -> None:
         """Serve until the carrier is gone or the protocol closes; then release everything."""
+        bind_session(self.protocol.session_id,
+                     self.keeper.lease.epoch if self.keeper is not None else None)
         ticker = asyncio.create_task(self._tick())
         try:
+            if self.keeper is not None:
+                await self.keeper.start()
             await self._execute(self.protocol.start())
             await self._loop()
         finally:
             ticker.cancel()
             self.engine.close(self.session_id)
+            if self.keeper is not None:
+                await self.keeper.stop()
             held = self.protocol.close()
+            if self.metrics is not None:
+                for track, counters in self.protocol.core.tracks.items():
+                    for reason, n in counters.dropped.items():
+                        self.metrics.dropped.labels(track, reason).inc(n)
             log.info("session %s closed; released %s", self.session_id, held)
 
     def feed_text(self, text: str) -> None:
@@ -135,7 +178,15 @@ class RealtimeSession:
             if kind == "close":
                 self.close_code = item[1]
                 return
-            if kind == "text":
+            if kind in ("text", "bytes") and self.quota is not None and (wait := self.quota.take()):
+                effects = p.refuse("rate_limit_exceeded",
+                                   f"Too many messages: this one was dropped. Retry in "
+                                   f"{wait:.2f} s.")
+            elif kind == "tick" and self._past_duration():
+                effects = p.end("session_duration_exceeded",
+                                f"Sessions last at most {self.quota.max_session_s:g} s "
+                                "(limits.max_session_s).", 1008, "session duration limit")
+            elif kind == "text":
                 effects = p.receive_text(item[1])
             elif kind == "bytes":
                 effects = p.receive_bytes(item[1])
@@ -155,6 +206,10 @@ class RealtimeSession:
                     "talker_first_codes": t.talker_first_codes_ms,
                     "codec_first_audio": t.codec_first_audio_ms,
                 })
+            elif kind == "fenced":
+                effects = p.end("session_taken_over",
+                                f"Session '{p.session_id}' was resumed on another connection; "
+                                "this one no longer serves it.", 4409, "session taken over")
             elif kind == "audio":
                 effects = p.receive_audio(item[1])
             elif kind == "frame":
@@ -165,12 +220,30 @@ class RealtimeSession:
             if await self._execute(effects):
                 return
 
+    async def _push_image(self, data: bytes) -> None:
+        try:
+            rgb = await asyncio.to_thread(decode_image, data)
+        except ValueError as exc:
+            await self.send_text(json.dumps({
+                "type": "error", "event_id": "event_" + secrets.token_hex(6),
+                "error": {"type": "invalid_request_error", "code": "invalid_image",
+                          "message": str(exc), "param": "item.content.0.image_url",
+                          "event_id": None},
+            }))
+            return
+        self.engine.push_frame(self.session_id, rgb)
+
     async def _execute(self, effects) -> bool:
         """Carry out effects in order; True when the session must end."""
         sid = self.session_id
+        onset: int | None = None
         for effect in effects:
             if isinstance(effect, Send):
                 await self.send_text(json.dumps(effect.event))
+                if self.metrics is not None:
+                    onset = self._observe(effect.event, onset)
+                if self.keeper is not None and effect.event["type"] in _SAVE_AFTER:
+                    self.keeper.touch()
             elif isinstance(effect, EnginePush):
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
@@ -185,14 +258,58 @@ class RealtimeSession:
                 frame = effect.frame
                 rgb = frame.to_ndarray(format="rgb24") if hasattr(frame, "to_ndarray") else frame
                 self.engine.push_frame(sid, rgb)
+            elif isinstance(effect, EnginePushText):
+                self.engine.push_text(sid, effect.text)
+            elif isinstance(effect, EnginePushImage):
+                await self._push_image(effect.data)
             elif isinstance(effect, PlayAudio):
                 self.media.play(effect.start_sample, effect.pcm)
             elif isinstance(effect, FlushAudio):
                 self.media.flush()
+            elif isinstance(effect, ResumeSession):
+                if await self._execute(await self._resume(effect)):
+                    return True
             elif isinstance(effect, CloseConnection):
                 self.close_code = effect.code
                 return True
         return False
+
+    def _observe(self, event: dict, onset: int | None) -> int | None:
+        """Feed TTFA and barge-in latency; returns the speech onset seen in this batch of
+        effects (a barge-in's speech_started and cleared always come in one batch)."""
+        type_ = event["type"]
+        if type_ == "response.created":
+            self._response_started = time.monotonic()
+        elif self._response_started is not None and (
+            type_.endswith("audio.delta") or type_ == "output_audio_buffer.started"
+        ):
+            self.metrics.ttfa.observe(time.monotonic() - self._response_started)
+            self._response_started = None
+        elif type_ == "input_audio_buffer.speech_started":
+            return event["audio_start_ms"] * RATE // 1000 + self.protocol.detector.prefix_samples
+        elif type_ == "output_audio_buffer.cleared" and onset is not None:
+            self.metrics.barge_in.observe(max(0, self.now_sample() - onset) / RATE)
+        return onset
+
+    def _past_duration(self) -> bool:
+        limit = self.quota.max_session_s if self.quota is not None else 0
+        return bool(limit) and time.monotonic() - self.t0 >= limit
+
+    async def _resume(self, effect: ResumeSession):
+        if self.keeper is None:
+            return self.protocol.refuse("session_not_found",
+                                        "This server keeps no session registry.", "session_id")
+        try:
+            lease, record = await self.keeper.registry.resume(effect.session_id,
+                                                              effect.resume_token)
+        except ResumeError as exc:
+            return self.protocol.refuse(exc.code, str(exc), "session_id")
+        await self.keeper.switch(lease)
+        bind_session(record.id, lease.epoch)
+        self.protocol.resume_token = effect.resume_token
+        log.info("session %s resumed at epoch %d (connection %s)", record.id, lease.epoch,
+                 self.session_id)
+        return self.protocol.resumed(record.id, record.conversation, record.config)
 
 
 def admission_error(exc: AdmissionRefused) -> str:
@@ -203,12 +320,21 @@ def admission_error(exc: AdmissionRefused) -> str:
     })
 
 
-def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str, hub):
+def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str, hub, *,
+                      registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
+                      metrics: Metrics | None = None):
     async def endpoint(ws: WebSocket) -> None:
-        await ws.accept()
+        await ws.accept(subprotocol=choose_subprotocol(ws.scope.get("subprotocols", [])))
         beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
+        # Set by the auth middleware: who connected, and the limits their messages draw on.
+        state = ws.scope.get("state", {})
+        principal = state.get("principal")
         session = RealtimeSession(engine_getter(), vad_getter(), limits, model_name, ws.send_text,
-                                  beta=beta)
+                                  beta=beta, registry=registry, heartbeat_s=heartbeat_s,
+                                  quota=state.get("quota"), metrics=metrics,
+                                  session_id=principal.session_id if principal else None)
+        if principal is not None and principal.session:
+            session.protocol.configure(principal.session)
         try:
             session.open()
         except AdmissionRefused as exc:
@@ -236,11 +362,11 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
             await session.run()
         finally:
             reader.cancel()
-            hub.discard(session.session_id)
             if ws.application_state is WebSocketState.CONNECTED:
                 try:
                     await ws.close(session.close_code or 1000)
                 except RuntimeError:
                     pass
+            hub.discard(session.session_id)
 
     return endpoint

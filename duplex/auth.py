@@ -1,0 +1,271 @@
+"""Authentication and admission at every session entry point, as one ASGI middleware, and the
+ephemeral-key endpoint.
+
+A client proves itself with an API key from `[auth] api_keys` or with an ephemeral `ek_` key
+minted from one: as `Authorization: Bearer KEY`, or (browsers cannot set headers on a
+WebSocket) as `?api_key=KEY` or the subprotocol `openai-insecure-api-key.KEY`. Twilio, which
+can do neither, is recognised by its X-Twilio-Signature. A refused WebSocket handshake gets a
+real HTTP status (401, 429, 503), not an accepted-then-closed socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from pydantic import ValidationError
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+
+from duplex.config import AuthSettings, TelephonySettings
+from duplex.limits import Admission
+from duplex.store import SessionRegistry, StoreUnavailable, hash_secret
+from duplex.transport.realtime import schema
+from duplex.transport.realtime.protocol import RealtimeProtocol
+
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+SESSION_PATHS = ("/v1/realtime", "/realtime")
+"""WebSocket sessions: counted against the concurrency limits while they last."""
+PROTECTED_PREFIXES = ("/v1/realtime/calls", "/telephony")
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    """Whose limits a session counts against: a hash of the API key, or 'anonymous'."""
+    session_id: str | None = None
+    session: dict[str, Any] | None = None
+    """Settings an ephemeral key was minted with, applied before session.created."""
+
+
+def key_id_of(key: str) -> str:
+    return "key_" + hash_secret(key)[:12]
+
+
+def presented_key(conn: HTTPConnection) -> str | None:
+    scheme, _, value = conn.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    for proto in conn.scope.get("subprotocols", []):
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return proto[len(KEY_SUBPROTOCOL):]
+    return conn.query_params.get("api_key")
+
+
+def choose_subprotocol(offered: list[str]) -> str | None:
+    """The subprotocol to accept: browsers fail a handshake that answers none of theirs, and
+    the one carrying the key must never be echoed back."""
+    usable = [p for p in offered if not p.startswith(KEY_SUBPROTOCOL)]
+    if "realtime" in usable:
+        return "realtime"
+    return usable[0] if usable else None
+
+
+def twilio_signature(auth_token: str, url: str, params: list[tuple[str, str]]) -> str:
+    """Twilio's scheme: HMAC-SHA1 over the URL followed by each POST parameter's name and value,
+    sorted by name; base64."""
+    data = url + "".join(name + value for name, value in sorted(params))
+    digest = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def _signed_urls(conn: HTTPConnection, public_url: str) -> list[str]:
+    """The URLs Twilio may have signed: it signs what it dialled, which behind a TLS-terminating
+    balancer is the public https/wss URL, not the one this process sees."""
+    path = conn.url.path + (f"?{conn.url.query}" if conn.url.query else "")
+    secure = "wss" if conn.scope["type"] == "websocket" else "https"
+    bases = [f"{scheme}://{conn.url.netloc}" for scheme in (secure, conn.url.scheme)]
+    if public_url:
+        scheme, _, rest = public_url.rstrip("/").partition("://")
+        base_path = "/" + rest.partition("/")[2] if "/" in rest else ""
+        host = rest.split("/", 1)[0]
+        # A prefix in public_url is one the balancer strips before the request reaches us.
+        bases += [f"{s}://{host}{base_path}" for s in (secure, scheme)]
+    return list(dict.fromkeys(base + path for base in bases))
+
+
+class Gate:
+    def __init__(self, auth: AuthSettings, telephony: TelephonySettings,
+                 registry: SessionRegistry, admission: Admission) -> None:
+        self.keys = {hash_secret(k): key_id_of(k) for k in auth.api_keys}
+        self.auth = auth
+        self.telephony = telephony
+        self.registry = registry
+        self.admission = admission
+
+    @property
+    def required(self) -> bool:
+        return bool(self.keys)
+
+    async def authenticate(self, conn: HTTPConnection, *,
+                           allow_ephemeral: bool = True) -> Principal | None:
+        """Who is asking, or None when a key is required and none valid was shown.
+        An ephemeral key is used up by this call. Raises StoreUnavailable."""
+        key = presented_key(conn)
+        if key and key.startswith("ek_") and allow_ephemeral:
+            ek = await self.registry.take_key(key)
+            if ek is not None:
+                return Principal(ek.key_id, ek.session_id, ek.session)
+        elif key:
+            digest = hash_secret(key)
+            for known, key_id in self.keys.items():
+                if hmac.compare_digest(digest, known):
+                    return Principal(key_id)
+        return None if self.required else Principal("anonymous")
+
+    def twilio_signed(self, conn: HTTPConnection, params: list[tuple[str, str]]) -> bool:
+        token = self.telephony.auth_token
+        signature = conn.headers.get("x-twilio-signature")
+        if not token or not signature:
+            return False
+        return any(hmac.compare_digest(twilio_signature(token, url, params), signature)
+                   for url in _signed_urls(conn, self.telephony.public_url))
+
+
+def _error_body(status: int, code: str, message: str) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"type": kind, "code": code, "message": message, "param": None}}
+
+
+class AuthMiddleware:
+    def __init__(self, app, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        session = scope["type"] == "websocket" and path in SESSION_PATHS
+        protected = session or path.startswith(PROTECTED_PREFIXES)
+        if scope["type"] not in ("http", "websocket") or not protected:
+            await self.app(scope, receive, send)
+            return
+        conn = HTTPConnection(scope)
+        twilio = path.startswith("/telephony") and bool(self.gate.telephony.auth_token)
+        params: list[tuple[str, str]] = []
+        if twilio and scope["type"] == "http":
+            body, receive = await _buffer_body(receive)
+            params = parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+        try:
+            principal = await self.gate.authenticate(conn)
+        except StoreUnavailable:
+            await self._deny(scope, receive, send, 503, "session_store_unavailable",
+                             "The session registry cannot be reached; try again.")
+            return
+        # With an auth token set, Twilio's signature is required even where no API key is.
+        if twilio and (principal is None or principal.key_id == "anonymous"):
+            principal = Principal("twilio") if self.gate.twilio_signed(conn, params) else None
+        if principal is None:
+            await self._deny(scope, receive, send, 401, "invalid_api_key",
+                             "Missing or invalid API key (or expired ephemeral key). Send "
+                             "'Authorization: Bearer KEY'.")
+            return
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        counted = scope["type"] == "websocket"
+        if counted:
+            limit = self.gate.admission.enter(principal.key_id)
+            if limit is not None:
+                await self._deny(scope, receive, send, 429, "rate_limit_exceeded",
+                                 f"Too many concurrent sessions (limit {limit}).",
+                                 retry_after=1)
+                return
+            state["quota"] = self.gate.admission.quota(principal.key_id)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                self.gate.admission.leave(principal.key_id)
+
+    @staticmethod
+    async def _deny(scope, receive, send, status: int, code: str, message: str,
+                    retry_after: int | None = None) -> None:
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        response = JSONResponse(_error_body(status, code, message), status, headers)
+        if scope["type"] == "http":
+            await response(scope, receive, send)
+            return
+        await receive()  # websocket.connect
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await response(scope, receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": code})
+
+
+async def _buffer_body(receive):
+    """Read a request body that the middleware needs, and hand the app an identical stream."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+def client_secrets_endpoint(gate: Gate, model_name: str):
+    """POST /v1/realtime/client_secrets: mint a short-lived key that opens one session."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            principal = await gate.authenticate(request, allow_ephemeral=False)
+        except StoreUnavailable:
+            return JSONResponse(_error_body(503, "session_store_unavailable",
+                                            "The session registry cannot be reached."), 503)
+        if principal is None:
+            return JSONResponse(_error_body(401, "invalid_api_key",
+                                            "An API key (not an ephemeral key) is required."),
+                                401, {"WWW-Authenticate": "Bearer"})
+        try:
+            body = json.loads(await request.body() or b"{}")
+            ttl, session = _parse_request(body, gate.auth.ephemeral_key_ttl_s)
+            session_id = "sess_" + secrets.token_hex(8)
+            proto = RealtimeProtocol(session_id, model=model_name, model_input_rate=24000,
+                                     model_output_rate=24000)
+            proto.configure(session)
+        except (ValueError, ValidationError) as exc:
+            return JSONResponse(_error_body(400, "invalid_value", str(exc)), 400)
+        try:
+            value, expires_at = await gate.registry.issue_key(principal.key_id, session_id,
+                                                              session, ttl)
+        except StoreUnavailable:
+            return JSONResponse(_error_body(503, "session_store_unavailable",
+                                            "The session registry cannot be reached."), 503)
+        return JSONResponse({"value": value, "expires_at": int(expires_at),
+                             "session": proto.session_object()})
+
+    return endpoint
+
+
+def _parse_request(body: Any, default_ttl: int) -> tuple[int, dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise ValueError("The body must be a JSON object.")
+    expires = body.get("expires_after") or {}
+    if not isinstance(expires, dict) or expires.get("anchor", "created_at") != "created_at":
+        raise ValueError("expires_after.anchor must be 'created_at'.")
+    ttl = expires.get("seconds", default_ttl)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 10 <= ttl <= 7200:
+        raise ValueError("expires_after.seconds must be an integer from 10 to 7200.")
+    session = body.get("session") or {}
+    if not isinstance(session, dict):
+        raise ValueError("session must be an object.")
+    schema.SessionConfig.model_validate(session)
+    return ttl, session

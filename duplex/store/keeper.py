@@ -1,0 +1,88 @@
+"""Keeps one live session saved in the registry: soon after its conversation changes, and on
+every heartbeat otherwise. A save refused by fencing means another connection owns the session
+now; an unreachable registry never stops the session, and the next save that gets through
+writes the whole record again (that is how the registry reconciles after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from duplex.store.base import Fenced, StoreUnavailable
+from duplex.store.registry import Lease, SessionRegistry
+
+log = logging.getLogger("duplex.store")
+Snapshot = Callable[[], tuple[list[dict[str, Any]], dict[str, Any]]]
+
+
+class SessionKeeper:
+    def __init__(self, registry: SessionRegistry, lease: Lease, snapshot: Snapshot,
+                 on_fenced: Callable[[], None], heartbeat_s: float) -> None:
+        self.registry = registry
+        self.lease = lease
+        self.snapshot = snapshot
+        self.on_fenced = on_fenced
+        self.heartbeat_s = heartbeat_s
+        self.fenced = False
+        self.reachable = True
+        self._dirty = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        # Saved before the client learns its resume token, so a resume can always find it.
+        await self.save()
+        self._task = asyncio.create_task(self._run())
+
+    def touch(self) -> None:
+        self._dirty.set()
+
+    async def _run(self) -> None:
+        while not self.fenced:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), self.heartbeat_s)
+            self._dirty.clear()
+            await self.save()
+
+    async def save(self) -> None:
+        async with self._lock:
+            if self.fenced:
+                return
+            conversation, config = self.snapshot()
+            try:
+                await self.registry.save(self.lease, conversation, config)
+            except Fenced as exc:
+                self.fenced = True
+                log.warning("session %s taken over: %s", self.lease.session_id, exc)
+                self.on_fenced()
+            except StoreUnavailable as exc:
+                if self.reachable:
+                    log.warning("session registry unreachable; session %s goes on unsaved: %s",
+                                self.lease.session_id, exc)
+                self.reachable = False
+            else:
+                if not self.reachable:
+                    log.info("session registry reachable again; session %s saved",
+                             self.lease.session_id)
+                self.reachable = True
+
+    async def switch(self, lease: Lease) -> None:
+        """Keep `lease` (a resumed session) instead; the fresh session it replaces is dropped."""
+        async with self._lock:
+            old, self.lease = self.lease, lease
+            with contextlib.suppress(StoreUnavailable):
+                await self.registry.forget(old)
+        self.touch()
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and save once more: the transcript as heard at disconnect."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.save(), 2 * self.heartbeat_s + 1)

@@ -1,0 +1,135 @@
+"""Both registry backends against one contract: fencing, reconcile, expiry, ephemeral keys."""
+
+import asyncio
+import time
+
+import pytest
+
+from duplex.store import (
+    EphemeralKey,
+    Fenced,
+    MemoryStore,
+    ResumeError,
+    SessionNotFound,
+    SessionRecord,
+    SessionRegistry,
+    StoreUnavailable,
+    hash_secret,
+)
+from duplex.store.redis_store import RedisStore
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request):
+    if request.param == "memory":
+        s = MemoryStore(tombstone_s=0.4)
+    else:
+        redis = request.getfixturevalue("redis_server")
+        s = RedisStore(redis.url, tombstone_s=0.4)
+    yield s
+    await s.close()
+
+
+def record(epoch=1, owner="a", deadline_in=30.0, conversation=None):
+    return SessionRecord(id="sess_1", owner=owner, epoch=epoch, secret_hash=hash_secret("rt_x"),
+                         deadline=time.time() + deadline_in, created_at=time.time(),
+                         conversation=conversation or [{"id": "item_1", "role": "user"}])
+
+
+async def test_claim_bumps_the_epoch_and_fences_the_old_owner(store):
+    await store.save(record())
+    claimed = await store.claim("sess_1", "b", 1, time.time() + 30)
+    assert (claimed.epoch, claimed.owner) == (2, "b")
+    assert claimed.conversation == [{"id": "item_1", "role": "user"}]
+    with pytest.raises(Fenced) as info:
+        await store.save(record(epoch=1, owner="a"))
+    assert (info.value.epoch, info.value.owner) == (2, "b")
+    # Two claims from the same epoch: exactly one wins.
+    with pytest.raises(Fenced):
+        await store.claim("sess_1", "c", 1, time.time() + 30)
+    await store.save(record(epoch=2, owner="b", conversation=[{"id": "item_2"}]))
+    assert (await store.load("sess_1")).conversation == [{"id": "item_2"}]
+    # The same epoch from another node is not the owner either.
+    with pytest.raises(Fenced):
+        await store.save(record(epoch=2, owner="c"))
+
+
+async def test_concurrent_claims_have_one_winner(store):
+    await store.save(record())
+    results = await asyncio.gather(
+        *(store.claim("sess_1", f"n{i}", 1, time.time() + 30) for i in range(8)),
+        return_exceptions=True,
+    )
+    winners = [r for r in results if isinstance(r, SessionRecord)]
+    assert len(winners) == 1 and winners[0].epoch == 2
+    assert all(isinstance(r, Fenced) for r in results if r is not winners[0])
+
+
+async def test_a_missing_record_is_written_again_by_its_owner(store):
+    await store.save(record(epoch=3))
+    await store.delete("sess_1")
+    assert await store.load("sess_1") is None
+    with pytest.raises(SessionNotFound):
+        await store.claim("sess_1", "b", 3, time.time() + 30)
+    await store.save(record(epoch=3))
+    assert (await store.load("sess_1")).epoch == 3
+
+
+async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
+    await store.save(record(deadline_in=0.3))
+    await store.put_key(hash_secret("ek_1"), EphemeralKey("key", time.time() + 0.3, "sess_k"))
+    await store.put_key(hash_secret("ek_2"), EphemeralKey("key", time.time() + 0.3, "sess_l"))
+    assert (await store.take_key(hash_secret("ek_1"))).session_id == "sess_k"
+    assert await store.take_key(hash_secret("ek_1")) is None
+    await asyncio.sleep(0.35)
+    tomb = await store.load("sess_1")
+    assert tomb.expired and tomb.conversation == [] and tomb.secret_hash == hash_secret("rt_x")
+    assert await store.take_key(hash_secret("ek_2")) is None
+    with pytest.raises(SessionNotFound):
+        await store.claim("sess_1", "b", 1, time.time() + 30)
+    await asyncio.sleep(0.45)
+    assert await store.load("sess_1") is None
+    if isinstance(store, RedisStore):
+        assert await store.redis.dbsize() == 0
+    else:
+        assert len(store) == 0
+
+
+async def test_registry_resume_codes(store):
+    registry = SessionRegistry(store, "a", retention_s=0.3)
+    lease, token = registry.new_lease("sess_r")
+    assert token.startswith("rt_") and token not in repr(lease)
+    await registry.save(lease, [{"id": "item_1"}], {"instructions": "hi"})
+    other = SessionRegistry(store, "b", retention_s=0.3)
+    with pytest.raises(ResumeError, match="does not exist") as info:
+        await other.resume("sess_nope", token)
+    assert info.value.code == "session_not_found"
+    with pytest.raises(ResumeError) as info:
+        await other.resume("sess_r", "rt_wrong")
+    assert info.value.code == "resume_token_invalid"
+    new_lease, rec = await other.resume("sess_r", token)
+    assert new_lease.epoch == lease.epoch + 1 and rec.owner == "b"
+    assert rec.conversation == [{"id": "item_1"}] and rec.config == {"instructions": "hi"}
+    with pytest.raises(Fenced):
+        await registry.save(lease, [], {})
+    await asyncio.sleep(0.35)
+    with pytest.raises(ResumeError) as info:
+        await other.resume("sess_r", token)
+    assert info.value.code == "session_expired"
+
+
+async def test_redis_down_is_unavailable_not_a_hang(redis_server):
+    store = RedisStore(redis_server.url, timeout_s=0.5)
+    await store.save(record())
+    redis_server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        await store.save(record())
+    with pytest.raises(StoreUnavailable):
+        await store.load("sess_1")
+    assert time.monotonic() - t0 < 2
+    redis_server.start()
+    assert await store.load("sess_1") is None
+    await store.save(record())
+    assert (await store.load("sess_1")).epoch == 1
+    await store.close()
