@@ -155,10 +155,10 @@ def test_output_is_paced_with_a_bounded_lead_and_cancel_flushes_it():
     assert any(isinstance(e, EngineCancel) for e in effects)
     types = [e["type"] for e in sent(effects)]
     assert types[-2:] == ["response.done", "output_audio_buffer.cleared"]
-    assert not p.outbox
+    assert not p.pacer
     assert not [e for e in sent(p.release_output(48000)) if "delta" in e["type"]]
     p.on_engine_audio(epoch, np.zeros(1920, np.float32), "late")
-    assert not p.outbox
+    assert not p.pacer
 
 
 json_values = st.recursive(

@@ -228,7 +228,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     effects = p.on_vad([SPEECH])
     assert [e for e in effects if isinstance(e, EngineCancel)] == [EngineCancel(epoch + 1)]
     assert sent(effects) == [{"event": "clear", "streamSid": SID}]
-    assert not p.outbox
+    assert not p.pacer
     [reply] = p.responses()
     assert reply["status"] == "cancelled"
     assert (reply["heard_samples"], reply["transcript"]) == (1280, "w0 w1 ")

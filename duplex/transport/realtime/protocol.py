@@ -16,7 +16,6 @@ import binascii
 import itertools
 import json
 import secrets
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ from duplex.media.pcm import PcmError
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.errors import SessionError
+from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
 from duplex.transport.realtime import schema
@@ -215,7 +215,6 @@ class RealtimeProtocol:
         """Sent once, in session.created (and session.resumed); the registry keeps its hash."""
         self.media_track = media_track
         """Reply audio goes to a paced media track (WebRTC) instead of audio delta events."""
-        self.track_playhead: int | None = None
         self.model = model
         self.beta = beta
         self.limits = limits or Limits()
@@ -239,10 +238,7 @@ class RealtimeProtocol:
         self.items: list[ItemRecord] = []
         self.response: ActiveResponse | None = None
         self.core_to_response: dict[int, ItemRecord] = {}
-        self.outbox: deque[tuple[ev.OutputChunk, np.ndarray]] = deque()
-        self.tx_samples = 0
-        self.anchor: tuple[int, int] | None = None
-        """(output position, clock sample) at which continuous playback was last anchored."""
+        self.pacer: OutputPacer[np.ndarray] = OutputPacer(self.limits.output_lead_ms * RATE // 1000)
         self.input_samples = 0
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
@@ -441,7 +437,7 @@ class RealtimeProtocol:
     def snapshot(self, now: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The conversation as heard at clock sample `now`, and the session's settings: what a
         resume (on any node) continues from."""
-        played = self.played_estimate(now)
+        played = self.pacer.played(now)
         items = []
         for item in self.items:
             entry: dict[str, Any] = {"id": item.id, "role": item.role,
@@ -687,7 +683,7 @@ class RealtimeProtocol:
         for e in events:
             if isinstance(e, ev.TranscriptTruncated):
                 item.transcript = e.heard_text
-        self._reanchor_after_flush()
+        self.pacer.rewind(self.core.sent_samples)
         self._emit(out, "conversation.item.truncated", item_id=item.id, content_index=0,
                    audio_end_ms=event.audio_end_ms)
 
@@ -787,7 +783,7 @@ class RealtimeProtocol:
             if isinstance(e, ev.EpochBumped):
                 out.append(EngineCancel(e.new))
             elif isinstance(e, ev.Flush):
-                self.outbox.clear()
+                self.pacer.flush()
                 if self.media_track:
                     out.append(FlushAudio())
                 self._from_model = Resampler(self.model_output_rate, RATE)
@@ -805,15 +801,10 @@ class RealtimeProtocol:
                 self._emit(out, "response.done", response=self._response_wire("cancelled", reason))
                 self._emit(out, "output_audio_buffer.cleared", response_id=r.id)
                 self.response = None
-        self._reanchor_after_flush()
+        self.pacer.rewind(self.core.sent_samples)
 
     def _item_of_core(self, core_id: int) -> ItemRecord | None:
         return next((i for i in self.items if i.response_id == core_id), None)
-
-    def _reanchor_after_flush(self) -> None:
-        if self.tx_samples > self.core.sent_samples:
-            self.tx_samples = self.core.sent_samples
-            self.anchor = None
 
     # -- engine results and pacing ----------------------------------------------------------
 
@@ -826,7 +817,7 @@ class RealtimeProtocol:
         events = self.core.handle(cmd.OutputChunkProduced(epoch, len(audio), text))
         for e in events:
             if isinstance(e, ev.OutputChunk):
-                self.outbox.append((e, audio))
+                self.pacer.push(e, audio)
         return out
 
     def on_engine_finished(self, epoch: int) -> list[Effect]:
@@ -836,7 +827,7 @@ class RealtimeProtocol:
             if len(tail):
                 for e in self.core.handle(cmd.OutputChunkProduced(epoch, len(tail), "")):
                     if isinstance(e, ev.OutputChunk):
-                        self.outbox.append((e, tail))
+                        self.pacer.push(e, tail)
             self._from_model = Resampler(self.model_output_rate, RATE)
             r.engine_done = True
         return []
@@ -845,7 +836,7 @@ class RealtimeProtocol:
         """The model failed on this session: say so, end any reply, close with 1011."""
         out: list[Effect] = []
         if self.response is not None:
-            self.outbox.clear()
+            self.pacer.flush()
             self.response.item.status = "incomplete"
             wire = self._response_wire("failed")
             wire["status_details"] = {"type": "failed", "reason": None,
@@ -868,15 +859,7 @@ class RealtimeProtocol:
 
     def on_playback(self, played_sample: int) -> None:
         """The media track has played the output clock up to `played_sample`."""
-        self.track_playhead = played_sample
-
-    def played_estimate(self, now: int) -> int:
-        if self.track_playhead is not None:
-            return min(self.tx_samples, self.track_playhead)
-        if self.anchor is None:
-            return self.tx_samples
-        pos, at = self.anchor
-        return min(self.tx_samples, pos + max(0, now - at))
+        self.pacer.playhead = played_sample
 
     def release_output(self, now: int) -> list[Effect]:
         """Send the reply audio that is due at clock sample `now` (at most output_lead ahead)."""
@@ -885,22 +868,13 @@ class RealtimeProtocol:
             return out
         if now > self.core.now_sample:
             self.core.handle(cmd.Tick(now))
-        lead = self.limits.output_lead_ms * RATE // 1000
-        while self.outbox:
-            played = self.played_estimate(now)
-            chunk, audio = self.outbox[0]
-            if chunk.start_sample >= played + lead:
-                break
-            self.outbox.popleft()
-            if played >= self.tx_samples:
-                self.anchor = (chunk.start_sample, now)
-            self.tx_samples = chunk.start_sample + chunk.n_samples
+        for chunk, audio in self.pacer.due(now):
             self._send_chunk(out, chunk, audio)
-        played = self.played_estimate(now)
+        played = self.pacer.played(now)
         if played > self.core.played_samples:
             self.core.handle(cmd.PlaybackAcknowledged(played))
         r = self.response
-        if r is not None and r.engine_done and not self.outbox:
+        if r is not None and r.engine_done and not self.pacer:
             self._finish_response(out)
         return out
 
@@ -949,7 +923,7 @@ class RealtimeProtocol:
     def close(self) -> dict[str, int]:
         """Release everything; returns what the core held, by name."""
         self.closed = True
-        self.outbox.clear()
+        self.pacer.flush()
         released = self.core.handle(cmd.Close())
         return dict(next(e for e in released if isinstance(e, ev.Released)).items)
 

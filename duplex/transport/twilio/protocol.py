@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from pydantic import ValidationError
 from duplex.media import Resampler, float_to_pcm16, ulaw_decode, ulaw_encode
 from duplex.session import commands as cmd
 from duplex.session import events as ev
+from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
 from duplex.transport.realtime.protocol import (
@@ -142,15 +142,12 @@ class TwilioProtocol:
         self.stream: schema.StartBody | None = None
         self.last_seq = 0
         self.reply: Reply | None = None
-        self.outbox: deque[tuple[ev.OutputChunk, bytes]] = deque()
+        self.pacer: OutputPacer[bytes] = OutputPacer(self.options.output_lead_ms * RATE // 1000)
         self._pending = np.zeros(0, np.float32)
         """Reply audio at 8 kHz short of a whole frame, waiting for more."""
         self._pending_text = ""
         self.marks: dict[str, tuple[int, int]] = {}
         """Marks sent and not yet echoed: name -> (epoch, output sample the mark follows)."""
-        self.tx_samples = 0
-        self.anchor: tuple[int, int] | None = None
-        """(output position, clock sample) at which continuous playback was last anchored."""
         self.rejected: dict[str, int] = {}
         self.digits: list[str] = []
         self.closed = False
@@ -325,7 +322,7 @@ class TwilioProtocol:
             if isinstance(e, ev.EpochBumped):
                 out.append(EngineCancel(e.new))
             elif isinstance(e, ev.Flush):
-                self.outbox.clear()
+                self.pacer.flush()
                 self._pending = self._pending[:0]
                 self._pending_text = ""
                 self._from_model = Resampler(self.model_output_rate, RATE)
@@ -337,9 +334,7 @@ class TwilioProtocol:
             elif isinstance(e, ev.TranscriptTruncated):
                 out.append(Notice(f"response {e.response_id} transcript truncated at sample "
                                   f"{e.audio_end_sample}: {e.heard_text!r}"))
-        if self.tx_samples > self.core.sent_samples:
-            self.tx_samples = self.core.sent_samples
-            self.anchor = None
+        self.pacer.rewind(self.core.sent_samples)
 
     # -- engine results and pacing ----------------------------------------------------------
 
@@ -359,7 +354,7 @@ class TwilioProtocol:
 
     def on_engine_failed(self, message: str) -> list[Effect]:
         out: list[Effect] = [Notice(f"the model failed on this call: {message}")]
-        self.outbox.clear()
+        self.pacer.flush()
         self._close(out, 1011, "model error")
         return out
 
@@ -378,13 +373,7 @@ class TwilioProtocol:
         pcm16 = np.frombuffer(float_to_pcm16(data[:n]), dtype="<i2")
         for e in self.core.handle(cmd.OutputChunkProduced(self.reply.epoch, n, text)):
             if isinstance(e, ev.OutputChunk):
-                self.outbox.append((e, ulaw_encode(pcm16)))
-
-    def played_estimate(self, now: int) -> int:
-        if self.anchor is None:
-            return self.tx_samples
-        pos, at = self.anchor
-        return min(self.tx_samples, pos + max(0, now - at))
+                self.pacer.push(e, ulaw_encode(pcm16))
 
     def release_output(self, now: int) -> list[Effect]:
         """Send the reply audio due at clock sample `now` (at most output_lead ahead), each
@@ -394,19 +383,10 @@ class TwilioProtocol:
             return out
         if now > self.core.now_sample:
             self.core.handle(cmd.Tick(now))
-        lead = self.options.output_lead_ms * RATE // 1000
-        while self.outbox:
-            played = self.played_estimate(now)
-            chunk, payload = self.outbox[0]
-            if chunk.start_sample >= played + lead:
-                break
-            self.outbox.popleft()
-            if played >= self.tx_samples:
-                self.anchor = (chunk.start_sample, now)
-            self.tx_samples = chunk.start_sample + chunk.n_samples
+        for chunk, payload in self.pacer.due(now):
             self._send_chunk(out, chunk, payload)
         r = self.reply
-        if r is not None and r.engine_done and not self.outbox:
+        if r is not None and r.engine_done and not self.pacer:
             for e in self.core.handle(cmd.ResponseCompleted(r.epoch)):
                 if isinstance(e, ev.ResponseDone):
                     out.append(Notice(f"response {e.response_id} generated: {e.n_samples} samples"))
@@ -443,7 +423,7 @@ class TwilioProtocol:
         """Release everything; returns the call's books: input accounting, replies and what
         was heard of them, rejections, DTMF."""
         self.closed = True
-        self.outbox.clear()
+        self.pacer.flush()
         summary: dict[str, Any] = {
             "call_sid": self.stream.callSid if self.stream else None,
             "stream_sid": self.stream.streamSid if self.stream else None,
