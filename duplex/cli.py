@@ -60,6 +60,7 @@ def _bench(args: argparse.Namespace) -> int:
         limit=args.max_sessions,
         log=lambda line: print(line, file=sys.stderr, flush=True),
         torch_threads=settings.engine.torch_threads,
+        scheduler={"max_batch": settings.engine.max_batch, "audio_lead_s": settings.engine.audio_lead_s},
     )
     print(table(report))
     if args.json:

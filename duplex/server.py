@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -32,6 +33,7 @@ from duplex.transport.webrtc.calls import CallRegistry
 from duplex.vad import VadService
 from models.registry import load_model
 
+METRICS_SYNC_S = 5.0
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
 log = logging.getLogger("duplex.server")
 
@@ -86,7 +88,17 @@ def create_app(settings: Settings) -> Starlette:
         engine.start()
         parts.update(engine=engine, vad=VadService())
         log.info("model %s loaded on %s (%s)", model.name, model.device, model.dtype)
+
+        async def drain_engine_stats() -> None:
+            # The engine keeps raw per-step samples until they move into the histograms; a
+            # server nobody scrapes must not keep them forever.
+            while True:
+                await asyncio.sleep(METRICS_SYNC_S)
+                metrics.sync_engine(engine)
+
+        syncer = asyncio.create_task(drain_engine_stats())
         yield
+        syncer.cancel()
         engine.stop()
         parts["vad"].stop()
         await store.close()

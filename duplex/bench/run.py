@@ -139,14 +139,15 @@ def _rss_mb() -> float:
     return 0.0
 
 
-async def run_mode(model, vad: VadService, sessions: int, duration_s: float, batching: bool) -> dict:
+async def run_mode(model, vad: VadService, sessions: int, duration_s: float, batching: bool,
+                   scheduler: dict | None = None) -> dict:
     engine = Engine(
         model,
         EngineConfig(
             max_sessions=max(sessions, 1),
             max_load=1.0,
             batching=batching,
-            scheduler=SchedulerConfig(output_rate=model.output_rate),
+            scheduler=SchedulerConfig(output_rate=model.output_rate, **(scheduler or {})),
         ),
     )
     engine.start()
@@ -202,12 +203,13 @@ async def run_mode(model, vad: VadService, sessions: int, duration_s: float, bat
     }
 
 
-async def find_max(model, vad, duration_s: float, batching: bool, limit: int, log) -> tuple[int, dict]:
+async def find_max(model, vad, duration_s: float, batching: bool, limit: int, log,
+                   scheduler: dict | None = None) -> tuple[int, dict]:
     """Largest N that stays real time: doubling, then bisection."""
     best, best_result = 0, None
     n, hi = 1, None
     while True:
-        result = await run_mode(model, vad, n, duration_s, batching)
+        result = await run_mode(model, vad, n, duration_s, batching, scheduler)
         log(f"  {'batched' if batching else 'baseline'} N={n}: realtime={result['realtime']} "
             f"underruns={result['underruns']} lag_p95={result['input_lag_ms']['p95']}")
         if result["realtime"]:
@@ -226,7 +228,9 @@ async def find_max(model, vad, duration_s: float, batching: bool, limit: int, lo
 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
-          find: bool, limit: int, log=print, torch_threads: int = 0) -> dict:
+          find: bool, limit: int, log=print, torch_threads: int = 0,
+          scheduler: dict | None = None) -> dict:
+    """`scheduler` overrides SchedulerConfig fields (the engine settings the server uses)."""
     from models.registry import load_model
 
     threads = set_torch_threads(torch_threads)
@@ -238,16 +242,16 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
         if find:
             maxima = {}
             for mode, batching in (("batched", True), ("baseline", False)):
-                n, result = asyncio.run(find_max(model, vad, duration_s, batching, limit, log))
-                result = result or asyncio.run(run_mode(model, vad, 1, duration_s, batching))
+                n, result = asyncio.run(find_max(model, vad, duration_s, batching, limit, log, scheduler))
+                result = result or asyncio.run(run_mode(model, vad, 1, duration_s, batching, scheduler))
                 result["max_realtime_sessions"] = n
                 modes[mode] = result
                 maxima[mode] = n
             ratio = round(maxima["batched"] / maxima["baseline"], 2) if maxima["baseline"] else None
         else:
-            modes["batched"] = asyncio.run(run_mode(model, vad, sessions, duration_s, True))
+            modes["batched"] = asyncio.run(run_mode(model, vad, sessions, duration_s, True, scheduler))
             if baseline:
-                modes["baseline"] = asyncio.run(run_mode(model, vad, sessions, duration_s, False))
+                modes["baseline"] = asyncio.run(run_mode(model, vad, sessions, duration_s, False, scheduler))
                 b, s = modes["batched"]["rtf"], modes["baseline"]["rtf"]
                 ratio = round(s / b, 2) if b else None
         codec = getattr(model, "codec_stream_vs_offline", None)
