@@ -63,3 +63,42 @@ async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path)
         finally:
             await page.screenshot(path=str(ARTIFACTS / "browser-session.png"), full_page=True)
             await browser.close()
+
+
+@pytest.mark.slow
+async def test_page_explains_a_denied_microphone_a_full_server_and_a_dead_one(server_process, tmp_path):
+    import os as _os
+
+    env = {**_os.environ, "DUPLEX_ENGINE__MAX_SESSIONS": "1"}
+    server = server_process("--model", "echo", env=env)
+    mic = fake_microphone(tmp_path / "mic.wav")
+    common = ["--no-sandbox", "--disable-gpu", "--use-fake-device-for-media-stream",
+              f"--use-file-for-fake-audio-capture={mic}", "--allow-loopback-in-peer-connection",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--no-first-run"]
+    async with async_playwright() as p:
+        # Without --use-fake-ui-for-media-stream nobody grants the microphone.
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=common)
+        page = await browser.new_page()
+        await page.goto(server.url)
+        await page.click("#connect")
+        await page.wait_for_selector("#problem:text('Microphone permission was denied')", timeout=15_000)
+        assert await page.is_enabled("#connect")
+        await browser.close()
+
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, args=[*common, "--use-fake-ui-for-media-stream"]
+        )
+        first, second = await browser.new_page(), await browser.new_page()
+        for page in (first, second):
+            await page.goto(server.url)
+        await first.click("#connect")
+        await first.wait_for_function("window.duplex.state === 'listening'", timeout=20_000)
+        await second.click("#connect")
+        await second.wait_for_selector("#problem:text('The server is full right now')", timeout=15_000)
+        await second.screenshot(path=str(ARTIFACTS / "browser-server-full.png"))
+        server.proc.kill()
+        server.proc.wait()
+        await second.click("#connect")
+        await second.wait_for_selector("#problem:text('Could not reach the server')", timeout=15_000)
+        await browser.close()
