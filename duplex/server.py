@@ -112,7 +112,7 @@ def create_app(settings: Settings) -> Starlette:
     )
     calls = CallRegistry(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
-        settings.webrtc,
+        settings.webrtc, admission=gate.admission,
     )
     realtime = realtime_endpoint(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,

@@ -181,3 +181,30 @@ async def test_bad_offers_are_refused_with_reasons(server_process):
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_offer"
         r = await client.post(f"{server.url}/v1/realtime/calls", files={"session": (None, "{}")})
         assert r.status_code == 400 and "sdp" in r.json()["error"]["message"]
+
+
+@pytest.mark.slow
+async def test_calls_count_against_the_session_limit(server_process):
+    import os
+
+    import websockets
+
+    server = server_process("--model", "echo", env={**os.environ, "DUPLEX_LIMITS__SESSIONS": "1"})
+    caller = Caller()
+    try:
+        await caller.connect(server.url)
+        await caller.wait_for("session.created")
+        url = server.url.replace("http", "ws") + "/v1/realtime"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url):
+                pass
+        assert refused.value.response.status_code == 429
+        second = Caller()
+        await second.pc.setLocalDescription(await second.pc.createOffer())
+        async with httpx.AsyncClient() as client:
+            r = await client.post(f"{server.url}/v1/realtime/calls", content=second.pc.localDescription.sdp,
+                                  headers={"Content-Type": "application/sdp"})
+        await second.close()
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    finally:
+        await caller.close()

@@ -59,7 +59,8 @@ class Call:
 
 
 class CallRegistry:
-    def __init__(self, engine_getter, vad_getter, limits, model_name: str, hub, webrtc_settings):
+    def __init__(self, engine_getter, vad_getter, limits, model_name: str, hub, webrtc_settings,
+                 admission=None):
         self.engine_getter = engine_getter
         self.vad_getter = vad_getter
         self.limits = limits
@@ -67,6 +68,8 @@ class CallRegistry:
         self.hub = hub
         self.settings = webrtc_settings
         self.calls: dict[str, Call] = {}
+        self.admission = admission
+        """Session and message limits; a call counts as a session until it ends."""
         offer_host_addresses(list(webrtc_settings.host_addresses))
 
     def _configuration(self) -> RTCConfiguration:
@@ -102,6 +105,29 @@ class CallRegistry:
         if "m=audio" not in sdp:
             return _error(400, "invalid_offer", "The SDP offer has no audio media section.")
 
+        principal = request.scope.get("state", {}).get("principal")
+        key_id = principal.key_id if principal is not None else "anonymous"
+        quota = None
+        if self.admission is not None:
+            limit = self.admission.enter(key_id)
+            if limit is not None:
+                return _error(429, "rate_limit_exceeded",
+                              f"Too many concurrent sessions (limit {limit}).", {"Retry-After": "1"})
+            quota = self.admission.quota(key_id)
+        try:
+            response = await self._create(sdp, session_config, quota, key_id)
+        except BaseException:
+            self._leave(key_id)
+            raise
+        if response.status_code != 201:
+            self._leave(key_id)
+        return response
+
+    def _leave(self, key_id: str) -> None:
+        if self.admission is not None:
+            self.admission.leave(key_id)
+
+    async def _create(self, sdp: str, session_config, quota, key_id: str) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
         pc = RTCPeerConnection(self._configuration())
         track = ReplyTrack()
@@ -112,7 +138,7 @@ class CallRegistry:
 
         session = RealtimeSession(
             self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
-            media=track, video_interval_samples=int(RATE / self.settings.video_fps),
+            media=track, video_interval_samples=int(RATE / self.settings.video_fps), quota=quota,
         )
         call = Call(call_id, pc, session, track)
         holder["call"] = call
@@ -164,7 +190,7 @@ class CallRegistry:
         self.hub.add(session.session_id, session.shutdown)
         if session_config is not None:
             session.feed_text(json.dumps({"type": "session.update", "session": session_config}))
-        call.tasks.append(asyncio.create_task(self._serve(call)))
+        call.tasks.append(asyncio.create_task(self._serve(call, key_id)))
         return Response(
             pc.localDescription.sdp,
             status_code=201,
@@ -172,10 +198,11 @@ class CallRegistry:
             headers={"Location": f"/v1/realtime/calls/{call_id}"},
         )
 
-    async def _serve(self, call: Call) -> None:
+    async def _serve(self, call: Call, key_id: str) -> None:
         try:
             await call.session.run()
         finally:
+            self._leave(key_id)
             self.hub.discard(call.session.session_id)
             self.calls.pop(call.id, None)
             for task in call.tasks:
