@@ -15,7 +15,7 @@ import time
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplex.engine import AudioOut, Engine, ResponseFinished, SessionFailed
-from duplex.transport.realtime.protocol import (
+from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
     EngineCommit,

@@ -9,15 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex.media import alaw_encode, ulaw_encode
-from duplex.transport.realtime.protocol import (
-    CloseConnection,
-    EngineCancel,
-    EngineCommit,
-    EnginePush,
-    Limits,
-    RealtimeProtocol,
-    Send,
-)
+from duplex.transport.effects import CloseConnection, EngineCancel, EngineCommit, EnginePush, Send
+from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 
 
 def make(beta=False, **limits):
@@ -197,7 +190,7 @@ def test_fuzzed_event_streams_never_crash_and_answer_only_json_events(frames):
 
 
 def test_camera_frames_are_sampled_by_timestamp_into_the_engine():
-    from duplex.transport.realtime.protocol import EnginePushFrame
+    from duplex.transport.effects import EnginePushFrame
 
     p = make()
     pushed = []
@@ -212,7 +205,7 @@ def test_text_and_image_items_reach_the_engine_and_bad_images_are_named():
     import av
 
     from duplex.media.image import decode_image
-    from duplex.transport.realtime.protocol import EnginePushImage, EnginePushText
+    from duplex.transport.effects import EnginePushImage, EnginePushText
 
     p = make()
     effects = send(p, type="conversation.item.create",

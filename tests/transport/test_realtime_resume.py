@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from duplex.transport.realtime.protocol import (
-    CloseConnection,
-    RealtimeProtocol,
-    ResumeSession,
-    Send,
-)
+from duplex.transport.effects import CloseConnection, Send
+from duplex.transport.realtime.protocol import RealtimeProtocol, ResumeSession
 
 RATE = 24000
 

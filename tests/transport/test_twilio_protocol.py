@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from duplex.config import Settings
 from duplex.media import ulaw_decode, ulaw_encode
-from duplex.transport.realtime.protocol import (
+from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
     EngineCommit,

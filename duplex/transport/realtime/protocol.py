@@ -38,6 +38,20 @@ from duplex.session.errors import SessionError
 from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
+from duplex.transport.effects import (
+    CloseConnection,
+    EngineCancel,
+    EngineClearInput,
+    EngineCommit,
+    EnginePush,
+    EnginePushFrame,
+    EnginePushImage,
+    EnginePushText,
+    FlushAudio,
+    PlayAudio,
+    Send,
+    VadFeed,
+)
 from duplex.transport.realtime import schema
 
 RATE = 24000
@@ -56,77 +70,6 @@ _BETA_NAMES = {
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
-# -- effects -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class EnginePush:
-    pcm: np.ndarray
-    """Float32 at the model's input rate."""
-
-
-@dataclass(frozen=True)
-class EnginePushFrame:
-    frame: Any
-    """A sampled camera frame as the carrier decoded it (an RGB array or an av.VideoFrame)."""
-
-
-@dataclass(frozen=True)
-class EnginePushText:
-    text: str
-
-
-@dataclass(frozen=True)
-class EnginePushImage:
-    data: bytes
-    """An encoded image (PNG, JPEG, ...) from an input_image item."""
-
-
-@dataclass(frozen=True)
-class EngineCommit:
-    epoch: int
-
-
-@dataclass(frozen=True)
-class EngineCancel:
-    epoch: int
-
-
-@dataclass(frozen=True)
-class EngineClearInput:
-    pass
-
-
-@dataclass(frozen=True)
-class VadFeed:
-    pcm: np.ndarray
-    """Float32 at 16 kHz for speech detection."""
-
-
-@dataclass(frozen=True)
-class PlayAudio:
-    """Reply audio for a media track (WebRTC): float32 at 24 kHz from `start_sample`."""
-
-    start_sample: int
-    pcm: np.ndarray
-
-
-@dataclass(frozen=True)
-class FlushAudio:
-    """Drop every queued frame of the media track at once (barge-in)."""
-
-
-@dataclass(frozen=True)
-class CloseConnection:
-    code: int
-    reason: str
-
-
 @dataclass(frozen=True)
 class ResumeSession:
     """Look the session up in the registry and claim it; answer with `resumed` or
@@ -137,8 +80,9 @@ class ResumeSession:
 
 
 Effect = (
-    Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit | EngineCancel | EngineClearInput | VadFeed | PlayAudio
-    | FlushAudio | CloseConnection | ResumeSession
+    Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
+    | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
+    | ResumeSession
 )
 
 

@@ -25,19 +25,16 @@ from duplex.media.image import decode_image
 from duplex.metrics import Metrics
 from duplex.store import ResumeError, SessionRegistry
 from duplex.store.keeper import SessionKeeper
-from duplex.transport.loop import SessionLoop, serve_websocket
-from duplex.transport.realtime.protocol import (
-    RATE,
+from duplex.transport.effects import (
     EngineClearInput,
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
     FlushAudio,
-    Limits,
     PlayAudio,
-    RealtimeProtocol,
-    ResumeSession,
 )
+from duplex.transport.loop import SessionLoop, serve_websocket
+from duplex.transport.realtime.protocol import RATE, Limits, RealtimeProtocol, ResumeSession
 from duplex.vad import VadService
 
 log = logging.getLogger("duplex.realtime")

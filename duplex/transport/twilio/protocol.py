@@ -33,7 +33,7 @@ from duplex.session import events as ev
 from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
-from duplex.transport.realtime.protocol import (
+from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
     EngineCommit,

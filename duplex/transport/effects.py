@@ -1,0 +1,78 @@
+"""What a protocol core asks its edge to do. The cores are pure: they return these, and the
+session loop (duplex/transport/loop.py) or a transport's own edge carries them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Send:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EnginePush:
+    pcm: np.ndarray
+    """Float32 at the model's input rate."""
+
+
+@dataclass(frozen=True)
+class EnginePushFrame:
+    frame: Any
+    """A sampled camera frame as the carrier decoded it (an RGB array or an av.VideoFrame)."""
+
+
+@dataclass(frozen=True)
+class EnginePushText:
+    text: str
+
+
+@dataclass(frozen=True)
+class EnginePushImage:
+    data: bytes
+    """An encoded image (PNG, JPEG, ...) from an input_image item."""
+
+
+@dataclass(frozen=True)
+class EngineCommit:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class EngineCancel:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class EngineClearInput:
+    pass
+
+
+@dataclass(frozen=True)
+class VadFeed:
+    pcm: np.ndarray
+    """Float32 at 16 kHz for speech detection."""
+
+
+@dataclass(frozen=True)
+class PlayAudio:
+    """Reply audio for a media track (WebRTC): float32 at 24 kHz from `start_sample`."""
+
+    start_sample: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class FlushAudio:
+    """Drop every queued frame of the media track at once (barge-in)."""
+
+
+@dataclass(frozen=True)
+class CloseConnection:
+    code: int
+    reason: str
