@@ -109,3 +109,10 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_moshi_dir(tmp_path_factory):
+    from models.registry import build_tiny
+
+    return build_tiny("tiny-moshi", tmp_path_factory.mktemp("models"))

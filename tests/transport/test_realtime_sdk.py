@@ -186,3 +186,19 @@ async def test_tiny_omni_answers_a_full_turn(server_process, tiny_omni_dir):
     deltas = [e.delta for e in events if e.type == "response.output_audio_transcript.delta"]
     done = next(e for e in events if e.type == "response.output_audio_transcript.done")
     assert deltas and done.transcript == "".join(deltas)
+
+
+@pytest.mark.slow
+async def test_tiny_moshi_answers_a_full_turn(server_process, tiny_moshi_dir):
+    server = server_process("--model", str(tiny_moshi_dir))
+    async with client_for(server).realtime.connect(model="tiny-moshi") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await conn.recv()
+        await append_paced(conn, pcm16(babble(RATE, seed=10)))
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = await collect_until(conn, "response.done", timeout=60)
+    assert events[-1].response.status == "completed"
+    audio = np.frombuffer(reply_audio(events), dtype="<i2")
+    assert len(audio) >= 4 * 1920 and np.abs(audio).max() > 0
