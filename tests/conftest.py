@@ -1,6 +1,7 @@
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -24,12 +25,25 @@ class ServerProcess:
             text=True,
             env=env,
         )
+        # Drained all the time: a server whose log fills the pipe would block on its next line.
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in iter(self.proc.stdout.readline, ""):
+            self.lines.append(line)
+
+    def output(self) -> str:
+        """Everything the server has logged so far (all of it once it has stopped)."""
+        return "".join(self.lines)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.proc.stdout.read()}")
+                self._reader.join(timeout=5)
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return
@@ -41,6 +55,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(timeout=5)
 
 
 @pytest.fixture

@@ -82,8 +82,7 @@ async def test_server_reports_ttfa_drops_and_logs_json(server_process):
     assert 'duplex_dropped_total{kind="input_audio",reason="faster_than_real_time"} 144000.0' in text
     assert 'duplex_stage_compute_seconds_count{stage="' in text
     server.stop()
-    lines = [json.loads(line) for line in server.proc.stdout.read().splitlines()
-             if line.startswith("{")]
+    lines = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
     closed = [entry for entry in lines if entry["message"].startswith("session ")
               and "closed" in entry["message"]]
     assert closed and closed[0]["session_id"] == session_id and closed[0]["epoch"] == 1

@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import threading
 import time
 from datetime import datetime
 
@@ -141,13 +140,8 @@ class Peer:
 
 
 class ServerLog:
-    def __init__(self, proc) -> None:
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in iter(stream.readline, ""):
-            self.lines.append(line)
+    def __init__(self, server) -> None:
+        self.lines = server.lines
 
     def wait_for(self, pattern: str, timeout_s: float = 10.0) -> re.Match:
         deadline = time.time() + timeout_s
@@ -190,7 +184,7 @@ def best_ncc(reply: np.ndarray, caller: np.ndarray, start: int, max_lag: int = 3
 async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process):
     server = server_process("--model", "echo",
                             env={**os.environ, "DUPLEX_TELEPHONY__END_CALL_DIGIT": "#"})
-    log = ServerLog(server.proc)
+    log = ServerLog(server)
     twiml = httpx.post(f"{server.url}/telephony/twilio/twiml")
     assert twiml.headers["content-type"].startswith("text/xml")
     assert f'<Stream url="wss://127.0.0.1:{server.port}/telephony/twilio"/>' in twiml.text
