@@ -7,6 +7,8 @@ silero's scripted model keeps one hidden state for one batch; here each session 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,12 +69,8 @@ class VadService:
     """One thread that runs speech detection for every session, batched per wake-up."""
 
     def __init__(self) -> None:
-        import queue
-        import threading
-
         self._vad = SileroVAD()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._empty = queue.Empty
         self._thread = threading.Thread(target=self._run, name="duplex-vad", daemon=True)
         self._thread.start()
 
@@ -93,7 +91,7 @@ class VadService:
             while True:
                 try:
                     item = self._queue.get_nowait()
-                except self._empty:
+                except queue.Empty:
                     break
                 if item is None:
                     return

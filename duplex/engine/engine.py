@@ -106,10 +106,6 @@ class Engine:
             self._thread.join(timeout=10)
             self._thread = None
 
-    @property
-    def active_sessions(self) -> int:
-        return len(self._callers)
-
     def open(self, session_id: str, deliver: Deliver) -> None:
         with self._lock:
             n = len(self._callers)

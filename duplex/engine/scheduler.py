@@ -182,38 +182,29 @@ class Scheduler:
         return sq
 
     def push_input(self, session_id: str, pcm: Any, now: float, version: str) -> None:
-        sq = self.sessions[session_id]
-        n = len(pcm)
-        sq.queues[Kind.PCM_IN].append(
-            Payload(
-                session_id, sq.epoch, Kind.PCM_IN, pcm, sq.input_seq,
-                sq.input_samples, sq.input_samples + n, version, enqueued_at=now,
-            )
-        )
-        sq.input_seq += 1
-        sq.input_samples += n
+        self._push(session_id, Kind.PCM_IN, pcm, len(pcm), now, version)
 
     def push_frame(self, session_id: str, frame: Any, now: float, version: str) -> None:
         """A sampled camera frame, placed in the input sequence at the audio received so far."""
-        sq = self.sessions[session_id]
-        sq.queues[Kind.FRAME_IN].append(
-            Payload(
-                session_id, sq.epoch, Kind.FRAME_IN, frame, sq.input_seq,
-                sq.input_samples, sq.input_samples, version, enqueued_at=now,
-            )
-        )
-        sq.input_seq += 1
+        self._push(session_id, Kind.FRAME_IN, frame, 0, now, version)
 
     def push_text(self, session_id: str, text: str, now: float, version: str) -> None:
         """Text needs no encoder: it joins the encoded input directly, in arrival order."""
+        self._push(session_id, Kind.FEATURES, text, 0, now, version)
+
+    def _push(self, session_id: str, kind: Kind, data: Any, n_samples: int, now: float,
+              version: str) -> None:
+        """Input of any kind takes the next place in the session's one input sequence."""
         sq = self.sessions[session_id]
-        sq.queues[Kind.FEATURES].append(
+        start = sq.input_samples
+        sq.queues[kind].append(
             Payload(
-                session_id, sq.epoch, Kind.FEATURES, text, sq.input_seq,
-                sq.input_samples, sq.input_samples, version, enqueued_at=now,
+                session_id, sq.epoch, kind, data, sq.input_seq, start, start + n_samples,
+                version, enqueued_at=now,
             )
         )
         sq.input_seq += 1
+        sq.input_samples += n_samples
 
     def commit(self, session_id: str, epoch: int, now: float = 0.0) -> None:
         """Request a reply in `epoch` to everything pushed so far."""

@@ -75,7 +75,6 @@ class Session:
         self.now_sample = 0
         self.speech_start: int | None = None
         self.last_video_pts: int | None = None
-        self.refused_chunks = 0
 
     # -- derived views -------------------------------------------------------------------
 
@@ -190,7 +189,6 @@ class Session:
             raise InvalidCommand(f"chunk epoch {epoch} is ahead of the session's {self.epoch}")
         response = self.active_response
         if epoch < self.epoch or response is None or response.epoch != epoch:
-            self.refused_chunks += 1
             reason = "stale_epoch" if epoch < self.epoch else "no_active_response"
             return [e.ChunkRefused(epoch, self.epoch, n, reason)]
         chunk = e.OutputChunk(

@@ -44,6 +44,20 @@ async def append_paced(conn, audio: bytes, chunk_ms=100):
         await asyncio.sleep(chunk_ms / 1000 * 0.9)
 
 
+async def use_manual_turns(conn):
+    await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    updated = await conn.recv()
+    assert updated.type == "session.updated"
+
+
+async def take_turn(conn, audio: bytes, timeout=20.0):
+    """Say `audio`, commit it, ask for a reply; the events up to response.done."""
+    await append_paced(conn, audio)
+    await conn.input_audio_buffer.commit()
+    await conn.response.create()
+    return await collect_until(conn, "response.done", timeout)
+
+
 def reply_audio(events) -> bytes:
     return b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
 
@@ -63,10 +77,7 @@ async def test_manual_turn_returns_the_input_exactly(echo_server):
         updated = await conn.recv()
         assert updated.type == "session.updated"
         assert updated.session.audio.input.turn_detection is None
-        await append_paced(conn, audio)
-        await conn.input_audio_buffer.commit()
-        await conn.response.create()
-        events = await collect_until(conn, "response.done")
+        events = await take_turn(conn, audio)
     types = [e.type for e in events]
     assert types[:3] == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
     assert types.index("response.created") < types.index("response.output_audio.delta")
@@ -124,12 +135,8 @@ async def test_truncate_keeps_only_what_was_heard(echo_server):
     audio = pcm16(babble(RATE * 2, seed=7))
     async with client_for(echo_server).realtime.connect(model="echo") as conn:
         await conn.recv()
-        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-        await conn.recv()
-        await append_paced(conn, audio)
-        await conn.input_audio_buffer.commit()
-        await conn.response.create()
-        events = await collect_until(conn, "response.done")
+        await use_manual_turns(conn)
+        events = await take_turn(conn, audio)
         item_id = next(e for e in events if e.type == "response.output_item.added").item.id
         await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=500)
         truncated = await conn.recv()
@@ -150,12 +157,8 @@ async def test_two_sessions_never_see_each_others_events_or_audio(echo_server):
         audio = pcm16(babble(RATE // 2, seed=seed))
         async with client_for(echo_server).realtime.connect(model="echo") as conn:
             created = await conn.recv()
-            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-            await conn.recv()
-            await append_paced(conn, audio)
-            await conn.input_audio_buffer.commit()
-            await conn.response.create()
-            events = await collect_until(conn, "response.done")
+            await use_manual_turns(conn)
+            events = await take_turn(conn, audio)
             return created.session.id, audio, events
 
     (id_a, audio_a, ev_a), (id_b, audio_b, ev_b) = await asyncio.gather(one_session(1), one_session(2))
@@ -172,12 +175,8 @@ async def test_tiny_omni_answers_a_full_turn(server_process, tiny_omni_dir):
     async with client_for(server).realtime.connect(model="tiny-omni") as conn:
         created = await conn.recv()
         assert created.session.model == str(tiny_omni_dir)
-        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-        await conn.recv()
-        await append_paced(conn, pcm16(babble(RATE, seed=9)))
-        await conn.input_audio_buffer.commit()
-        await conn.response.create()
-        events = await collect_until(conn, "response.done", timeout=60)
+        await use_manual_turns(conn)
+        events = await take_turn(conn, pcm16(babble(RATE, seed=9)), timeout=60)
     assert events[-1].response.status == "completed"
     audio = np.frombuffer(reply_audio(events), dtype="<i2")
     # The tiny checkpoint is forced to speak 25-50 codec frames of 80 ms.
@@ -193,12 +192,8 @@ async def test_tiny_moshi_answers_a_full_turn(server_process, tiny_moshi_dir):
     server = server_process("--model", str(tiny_moshi_dir))
     async with client_for(server).realtime.connect(model="tiny-moshi") as conn:
         await conn.recv()
-        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-        await conn.recv()
-        await append_paced(conn, pcm16(babble(RATE, seed=10)))
-        await conn.input_audio_buffer.commit()
-        await conn.response.create()
-        events = await collect_until(conn, "response.done", timeout=60)
+        await use_manual_turns(conn)
+        events = await take_turn(conn, pcm16(babble(RATE, seed=10)), timeout=60)
     assert events[-1].response.status == "completed"
     audio = np.frombuffer(reply_audio(events), dtype="<i2")
     assert len(audio) >= 4 * 1920 and np.abs(audio).max() > 0

@@ -143,18 +143,16 @@ class RealtimeSession(SessionLoop):
             return p.receive_video_frame(item[1], item[2])
         return super().dispatch(item)
 
-    async def _push_image(self, data: bytes) -> None:
+    async def _push_image(self, data: bytes) -> bool:
+        """Decode off the event loop; a bad image is the client's error, the session goes on."""
         try:
             rgb = await asyncio.to_thread(decode_image, data)
         except ValueError as exc:
-            await self.send_text(json.dumps({
-                "type": "error", "event_id": "event_" + secrets.token_hex(6),
-                "error": {"type": "invalid_request_error", "code": "invalid_image",
-                          "message": str(exc), "param": "item.content.0.image_url",
-                          "event_id": None},
-            }))
-            return
+            return await self.execute(
+                self.protocol.refuse("invalid_image", str(exc), "item.content.0.image_url")
+            )
         self.engine.push_frame(self.session_id, rgb)
+        return False
 
     def sent(self, event: dict) -> None:
         if self.metrics is not None:
@@ -173,7 +171,7 @@ class RealtimeSession(SessionLoop):
         elif isinstance(effect, EnginePushText):
             self.engine.push_text(sid, effect.text)
         elif isinstance(effect, EnginePushImage):
-            await self._push_image(effect.data)
+            return await self._push_image(effect.data)
         elif isinstance(effect, PlayAudio):
             self.media.play(effect.start_sample, effect.pcm)
         elif isinstance(effect, FlushAudio):
