@@ -61,6 +61,7 @@ def _bench(args: argparse.Namespace) -> int:
         log=lambda line: print(line, file=sys.stderr, flush=True),
         torch_threads=settings.engine.torch_threads,
         scheduler={"max_batch": settings.engine.max_batch, "audio_lead_s": settings.engine.audio_lead_s},
+        in_process=not settings.engine.process,
     )
     print(table(report))
     if args.json:

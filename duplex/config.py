@@ -42,11 +42,14 @@ class EngineSettings(_Section):
     max_sessions: int = Field(64, ge=1)
     max_load: float = Field(0.85, gt=0, le=1)
     """Busy fraction of the engine loop past which new sessions are refused."""
-    max_batch: int = Field(32, ge=1)
+    max_batch: int = Field(64, ge=1)
     audio_lead_s: float = Field(1.0, gt=0)
     """Reply audio generated ahead of real time before a session's Talker waits."""
     torch_threads: int = Field(0, ge=0)
     """CPU threads for model math; 0 leaves one core to the event loop (at least 1 thread)."""
+    process: bool = True
+    """Run the model and engine in a child process (its own interpreter lock); false keeps
+    them on a thread of the server process."""
 
 
 class RealtimeSettings(_Section):

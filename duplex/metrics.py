@@ -62,18 +62,14 @@ class Metrics:
         )
 
     def sync_engine(self, engine) -> None:
-        """Move the engine's new per-stage samples and drops into the metrics. The engine
-        thread appends while this runs; taking a prefix and deleting exactly it loses nothing,
-        and keeps a long-running server's sample lists from growing without end."""
-        for stage, st in list(engine.stats.stages.items()):
-            for values, metric, scale in ((st.queue_ms, self.stage_queue, 1e-3),
-                                          (st.compute_ms, self.stage_compute, 1e-3),
-                                          (st.batch_sizes, self.stage_batch, 1)):
-                n = len(values)
-                taken = values[:n]
-                del values[:n]
+        """Move the engine's new per-stage samples and drops into the metrics, so a long-running
+        server's sample lists never grow without end."""
+        for stage, (queue_ms, compute_ms, batch_sizes) in engine.stats.take().items():
+            for values, metric, scale in ((queue_ms, self.stage_queue, 1e-3),
+                                          (compute_ms, self.stage_compute, 1e-3),
+                                          (batch_sizes, self.stage_batch, 1)):
                 child = metric.labels(stage)
-                for v in taken:
+                for v in values:
                     child.observe(v * scale)
         for drop in engine.drain_drops():
             self.dropped.labels(drop.kind, drop.reason).inc(drop.n)

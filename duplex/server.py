@@ -19,7 +19,7 @@ from starlette.staticfiles import StaticFiles
 from duplex import __version__
 from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate, client_secrets_endpoint
 from duplex.config import Settings
-from duplex.engine import Engine, EngineConfig, SchedulerConfig, set_torch_threads
+from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.hub import SessionHub
 from duplex.limits import Admission
 from duplex.metrics import Metrics
@@ -31,7 +31,6 @@ from duplex.transport.twilio.twiml import twiml_endpoint
 from duplex.transport.twilio.ws import twilio_endpoint
 from duplex.transport.webrtc.calls import CallRegistry
 from duplex.vad import VadService
-from models.registry import load_model
 
 METRICS_SYNC_S = 5.0
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
@@ -70,24 +69,25 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
-        set_torch_threads(settings.engine.torch_threads)
-        model = load_model(settings.model.name, settings.model.cache_dir, settings.model.device)
         es = settings.engine
-        engine = Engine(
-            model,
-            EngineConfig(
+        spec = ChildSpec(
+            model_name=settings.model.name,
+            cache_dir=settings.model.cache_dir,
+            device=settings.model.device,
+            config=EngineConfig(
                 max_sessions=es.max_sessions,
                 max_load=es.max_load,
-                scheduler=SchedulerConfig(
-                    max_batch=es.max_batch,
-                    audio_lead_s=es.audio_lead_s,
-                    output_rate=model.output_rate,
-                ),
+                scheduler=SchedulerConfig(max_batch=es.max_batch, audio_lead_s=es.audio_lead_s),
             ),
+            torch_threads=es.torch_threads,
+            log_level=settings.server.log_level,
+            log_format=settings.server.log_format,
         )
-        engine.start()
+        engine = await asyncio.to_thread(start_engine, spec, not es.process)
         parts.update(engine=engine, vad=VadService())
-        log.info("model %s loaded on %s (%s)", model.name, model.device, model.dtype)
+        model = engine.model
+        log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,
+                 " in the engine process" if es.process else "")
 
         async def drain_engine_stats() -> None:
             # The engine keeps raw per-step samples until they move into the histograms; a

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,9 +67,15 @@ class SileroVAD:
 
 
 class VadService:
-    """One thread that runs speech detection for every session, batched per wake-up."""
+    """One thread that runs speech detection for every session, batched per wake-up.
 
-    def __init__(self) -> None:
+    After the first audio arrives the thread waits `gather_s` (one VAD chunk) for the other
+    sessions' frames, so all of them share one forward: woken per frame, it ran one small forward per session and was
+    the busiest thread of the server at 45 sessions (44% of a core, 4% after).
+    """
+
+    def __init__(self, gather_s: float = VAD_CHUNK / VAD_RATE) -> None:
+        self.gather_s = gather_s
         self._vad = SileroVAD()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="duplex-vad", daemon=True)
@@ -88,6 +95,7 @@ class VadService:
             if first is None:
                 return
             batch = [first]
+            time.sleep(self.gather_s)
             while True:
                 try:
                     item = self._queue.get_nowait()

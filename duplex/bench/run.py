@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from duplex.bench.synth import babble
-from duplex.engine import Engine, EngineConfig, SchedulerConfig, set_torch_threads
+from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
+from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
 from duplex.media import float_to_pcm16
 from duplex.transport.realtime.protocol import Limits
@@ -54,6 +56,11 @@ class ScriptedClient:
         self.last_delta_at: dict[str, float] = {}
         self.barge_decision: dict[str, float] = {}
         self.responses_done = asyncio.Event()
+        # Encoded before the clock starts: a remote caller's own work is not the server's.
+        self.turns = [
+            _append_events(babble(int(RATE * self.rng.uniform(1.0, 2.0)), seed=index * 1000 + k))
+            for k in range(int(duration_s // 2) + 2)
+        ]
 
     async def on_event(self, text: str) -> None:
         now = time.monotonic()
@@ -91,25 +98,21 @@ class ScriptedClient:
             self.response_id = None
             self.responses_done.set()
 
-    async def _send_frames(self, frames: np.ndarray, t_start: float) -> float:
-        """Stream frames at real time from t_start; returns when the last one is due."""
-        for i in range(0, len(frames), FRAME):
-            due = t_start + i / RATE
+    async def _send_frames(self, frames: list[str], t_start: float) -> float:
+        """Send append events one frame apart from t_start; returns when the last one is due."""
+        for i, message in enumerate(frames):
+            due = t_start + i * FRAME / RATE
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self.rec.input_lag_ms.append(max(0.0, time.monotonic() - due) * 1000)
-            chunk = float_to_pcm16(frames[i : i + FRAME])
-            self.session.feed_text(json.dumps({
-                "type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode(),
-            }))
-        return t_start + len(frames) / RATE
+            self.session.feed_text(message)
+        return t_start + len(frames) * FRAME / RATE
 
     async def run(self) -> None:
         t = time.monotonic() + self.rng.uniform(0, 1.0)
         end = time.monotonic() + self.duration_s
-        silence = np.zeros(FRAME, np.float32)
         turn = 0
         while time.monotonic() < end:
-            speech = babble(int(RATE * self.rng.uniform(1.0, 2.0)), seed=self.index * 1000 + turn)
+            speech = self.turns[turn % len(self.turns)]
             self.speech_onsets.append(t)
             t = await self._send_frames(speech, t)
             self.speech_end = t
@@ -118,39 +121,47 @@ class ScriptedClient:
             listen_until = None
             # Keep streaming silence (the microphone stays open) while the reply plays.
             while time.monotonic() < end:
-                t = await self._send_frames(silence, t)
+                t = await self._send_frames([SILENCE], t)
                 if self.reply_start is not None and listen_until is None:
                     listen_until = t + (self.rng.uniform(0.4, 0.8) if barge else 1e9)
                 if listen_until is not None and t >= listen_until:
                     break
                 if listen_until is not None and not barge and self.response_id is None:
-                    t = await self._send_frames(np.zeros(RATE // 2, np.float32), t)
+                    t = await self._send_frames([SILENCE] * 25, t)
                     break
                 if self.reply_start is None and t - self.speech_end > 5.0:
                     break
             turn += 1
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
+def _append_events(samples: np.ndarray) -> list[str]:
+    """The append events that stream `samples` in 20 ms frames."""
+    pcm = float_to_pcm16(samples)
+    step = FRAME * 2
+    return [
+        json.dumps({"type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(pcm[i : i + step]).decode()})
+        for i in range(0, len(pcm), step)
+    ]
 
 
-async def run_mode(model, vad: VadService, sessions: int, duration_s: float, batching: bool,
-                   scheduler: dict | None = None) -> dict:
-    engine = Engine(
-        model,
-        EngineConfig(
-            max_sessions=max(sessions, 1),
-            max_load=1.0,
-            batching=batching,
-            scheduler=SchedulerConfig(output_rate=model.output_rate, **(scheduler or {})),
-        ),
-    )
-    engine.start()
+SILENCE = _append_events(np.zeros(FRAME, np.float32))[0]
+
+
+def _rss_mb(engine) -> float:
+    """Resident memory of this process and, when it has one, the engine's."""
+    pids = ["self"] + ([str(engine.pid)] if getattr(engine, "pid", None) else [])
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return round(total / 1024, 1)
+
+
+async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) -> dict:
+    engine.wait_idle()
+    engine.stats.take()
+    busy_before = engine.stats.busy_s
     clients: list[ScriptedClient] = []
     runners = []
     started = time.monotonic()
@@ -161,7 +172,7 @@ async def run_mode(model, vad: VadService, sessions: int, duration_s: float, bat
             async def send_text(text: str, holder=holder) -> None:
                 await holder["client"].on_event(text)
 
-            session = RealtimeSession(engine, vad, Limits(), model.name, send_text,
+            session = RealtimeSession(engine, vad, Limits(), engine.model.name, send_text,
                                       session_id=f"bench_{i}")
             session.open()
             client = ScriptedClient(i, session, duration_s)
@@ -176,7 +187,6 @@ async def run_mode(model, vad: VadService, sessions: int, duration_s: float, bat
         await asyncio.gather(*runners, return_exceptions=True)
         engine.wait_idle()
         left = sum(engine.bytes_held(c.session.session_id) for c in clients)
-        engine.stop()
     wall = time.monotonic() - started
     merged = ClientRecord()
     for c in clients:
@@ -186,6 +196,7 @@ async def run_mode(model, vad: VadService, sessions: int, duration_s: float, bat
         merged.reply_s += c.rec.reply_s
     lag = percentiles(merged.input_lag_ms)
     realtime = merged.underruns == 0 and (lag["p95"] or 0.0) < 200.0
+    busy = engine.stats.busy_s - busy_before
     return {
         "sessions": sessions,
         "realtime": realtime,
@@ -195,22 +206,21 @@ async def run_mode(model, vad: VadService, sessions: int, duration_s: float, bat
         "ttfa_ms": percentiles(merged.ttfa_ms),
         "barge_in_ms": percentiles(merged.barge_in_ms),
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
-        "rtf": round(engine.stats.busy_s / max(wall, 1e-9) / max(sessions, 1), 4),
-        "rss_mb": _rss_mb(),
+        "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
+        "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
         "reply_audio_s": round(merged.reply_s, 2),
     }
 
 
-async def find_max(model, vad, duration_s: float, batching: bool, limit: int, log,
-                   scheduler: dict | None = None) -> tuple[int, dict]:
+async def find_max(engine, vad, duration_s: float, limit: int, log, label: str) -> tuple[int, dict]:
     """Largest N that stays real time: doubling, then bisection."""
     best, best_result = 0, None
     n, hi = 1, None
     while True:
-        result = await run_mode(model, vad, n, duration_s, batching, scheduler)
-        log(f"  {'batched' if batching else 'baseline'} N={n}: realtime={result['realtime']} "
+        result = await run_mode(engine, vad, n, duration_s)
+        log(f"  {label} N={n}: realtime={result['realtime']} "
             f"underruns={result['underruns']} lag_p95={result['input_lag_ms']['p95']}")
         if result["realtime"]:
             best, best_result = n, result
@@ -229,45 +239,57 @@ async def find_max(model, vad, duration_s: float, batching: bool, limit: int, lo
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
-          scheduler: dict | None = None) -> dict:
-    """`scheduler` overrides SchedulerConfig fields (the engine settings the server uses)."""
-    from models.registry import load_model
-
-    threads = set_torch_threads(torch_threads)
-    model = load_model(model_name, cache_dir)
+          scheduler: dict | None = None, in_process: bool = False) -> dict:
+    """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
+    thread (engine.process = false): the engine settings the server uses."""
     vad = VadService()
+    modes: dict[str, dict] = {}
+    maxima: dict[str, int] = {}
+    codec_ratio = None
+    model_name_seen = device = None
     try:
-        modes: dict[str, dict] = {}
-        ratio = None
-        if find:
-            maxima = {}
-            for mode, batching in (("batched", True), ("baseline", False)):
-                n, result = asyncio.run(find_max(model, vad, duration_s, batching, limit, log, scheduler))
-                result = result or asyncio.run(run_mode(model, vad, 1, duration_s, batching, scheduler))
-                result["max_realtime_sessions"] = n
+        wanted = (("batched", True), ("baseline", False)) if find or baseline else (("batched", True),)
+        for mode, batching in wanted:
+            spec = ChildSpec(
+                model_name, cache_dir, "auto",
+                # The bench measures past the admission limit, so it never refuses a session.
+                EngineConfig(max_sessions=max(limit, sessions), max_load=math.inf,
+                             batching=batching, scheduler=SchedulerConfig(**(scheduler or {}))),
+                torch_threads,
+            )
+            engine = start_engine(spec, in_process)
+            try:
+                model_name_seen, device = engine.model.name, engine.model.device
+                if find:
+                    n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode))
+                    result = result or asyncio.run(run_mode(engine, vad, 1, duration_s))
+                    result["max_realtime_sessions"] = maxima[mode] = n
+                else:
+                    result = asyncio.run(run_mode(engine, vad, sessions, duration_s))
                 modes[mode] = result
-                maxima[mode] = n
-            ratio = round(maxima["batched"] / maxima["baseline"], 2) if maxima["baseline"] else None
-        else:
-            modes["batched"] = asyncio.run(run_mode(model, vad, sessions, duration_s, True, scheduler))
-            if baseline:
-                modes["baseline"] = asyncio.run(run_mode(model, vad, sessions, duration_s, False, scheduler))
-                b, s = modes["batched"]["rtf"], modes["baseline"]["rtf"]
-                ratio = round(s / b, 2) if b else None
-        codec = getattr(model, "codec_stream_vs_offline", None)
-        codec_ratio = codec() if callable(codec) else None
-        for result in modes.values():
-            result["codec_stream_vs_offline"] = codec_ratio
-        return {
-            "model": model.name,
-            "device": model.device,
-            "torch_threads": threads,
-            "duration_s": duration_s,
-            "modes": modes,
-            "ratio": ratio,
-        }
+                if codec_ratio is None:
+                    codec_ratio = engine.query("codec_stream_vs_offline")
+            finally:
+                engine.stop()
     finally:
         vad.stop()
+    ratio = None
+    if find:
+        ratio = round(maxima["batched"] / maxima["baseline"], 2) if maxima["baseline"] else None
+    elif baseline:
+        b, s = modes["batched"]["rtf"], modes["baseline"]["rtf"]
+        ratio = round(s / b, 2) if b else None
+    for result in modes.values():
+        result["codec_stream_vs_offline"] = codec_ratio
+    return {
+        "model": model_name_seen,
+        "device": device,
+        "torch_threads": resolve_torch_threads(torch_threads),
+        "engine": "thread" if in_process else "process",
+        "duration_s": duration_s,
+        "modes": modes,
+        "ratio": ratio,
+    }
 
 
 def table(report: dict) -> str:
@@ -299,7 +321,8 @@ def table(report: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
-        f"model {report['model']} on {report['device']} ({report['torch_threads']} torch threads); "
+        f"model {report['model']} on {report['device']} ({report['torch_threads']} torch threads, "
+        f"engine in a {report['engine']}); "
         f"ratio batched/baseline: {report['ratio']}"
     )
     codec = next(iter(report["modes"].values()))["codec_stream_vs_offline"]

@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,14 +35,18 @@ log = logging.getLogger("duplex.engine")
 Deliver = Callable[[AudioOut | ResponseFinished | ResponseTimings | SessionFailed], None]
 
 
-def set_torch_threads(requested: int) -> int:
+def resolve_torch_threads(requested: int) -> int:
     """Threads for torch's CPU kernels. With 0, all cores but one: the event loop and the VAD
     need a core of their own, or torch's pool and they slow each other down several times."""
     import os
 
+    return requested or max(1, (os.cpu_count() or 1) - 1)
+
+
+def set_torch_threads(requested: int) -> int:
     import torch
 
-    n = requested or max(1, (os.cpu_count() or 1) - 1)
+    n = resolve_torch_threads(requested)
     torch.set_num_threads(n)
     return n
 
@@ -65,6 +69,24 @@ class EngineConfig:
     scheduler: SchedulerConfig | None = None
 
 
+def admit(n_open: int, load: float, config: EngineConfig) -> None:
+    """Raise AdmissionRefused if one more session would pass a limit; `load` is the measured
+    busy fraction with `n_open` sessions."""
+    if n_open >= config.max_sessions:
+        raise AdmissionRefused(
+            f"engine is full: {n_open} sessions open (limit engine.max_sessions="
+            f"{config.max_sessions})",
+            "engine.max_sessions",
+        )
+    projected = load * (n_open + 1) / n_open if n_open else load
+    if n_open and projected > config.max_load:
+        raise AdmissionRefused(
+            f"engine would exceed real time: load {load:.0%} with {n_open} sessions, "
+            f"{projected:.0%} with one more (limit engine.max_load={config.max_load:.0%})",
+            "engine.max_load",
+        )
+
+
 @dataclass
 class _Caller:
     """What the calling side keeps per session (touched only from the caller's thread)."""
@@ -77,8 +99,9 @@ class Engine:
     def __init__(self, model: DuplexModel, config: EngineConfig | None = None) -> None:
         self.model = model
         self.config = config or EngineConfig()
-        sched_cfg = self.config.scheduler or SchedulerConfig(output_rate=model.output_rate)
-        sched_cfg.token_lead = min(sched_cfg.token_lead, model.max_thinker_lead)
+        base = self.config.scheduler or SchedulerConfig()
+        sched_cfg = replace(base, output_rate=model.output_rate,
+                            token_lead=min(base.token_lead, model.max_thinker_lead))
         self.scheduler = Scheduler(self.config.max_sessions, sched_cfg)
         self.stats = EngineStats()
         self.load = 0.0
@@ -108,21 +131,7 @@ class Engine:
 
     def open(self, session_id: str, deliver: Deliver) -> None:
         with self._lock:
-            n = len(self._callers)
-            if n >= self.config.max_sessions:
-                raise AdmissionRefused(
-                    f"engine is full: {n} sessions open (limit engine.max_sessions="
-                    f"{self.config.max_sessions})",
-                    "engine.max_sessions",
-                )
-            projected = self.load * (n + 1) / n if n else self.load
-            if n and projected > self.config.max_load:
-                raise AdmissionRefused(
-                    f"engine would exceed real time: load {self.load:.0%} with {n} sessions, "
-                    f"{projected:.0%} with one more (limit engine.max_load="
-                    f"{self.config.max_load:.0%})",
-                    "engine.max_load",
-                )
+            admit(len(self._callers), self.load, self.config)
             if session_id in self._callers:
                 raise KeyError(f"session {session_id} is already open")
             self._callers[session_id] = _Caller(Framer(self.model.input_chunk_samples), deliver)
@@ -175,6 +184,15 @@ class Engine:
 
     def total_bytes_held(self) -> int:
         return sum(list(self._bytes.values()))
+
+    def bytes_by_session(self) -> dict[str, int]:
+        return dict(self._bytes)
+
+    def query(self, name: str) -> Any:
+        """The result of the model's method `name` (no arguments), or None if it has none;
+        for measurements such as `codec_stream_vs_offline`, run while the engine is idle."""
+        method = getattr(self.model, name, None)
+        return method() if callable(method) else None
 
     def drain_drops(self) -> list[Drop]:
         drops, self._drops = self._drops, []

@@ -142,7 +142,7 @@ class SessionQueues:
 
 @dataclass
 class SchedulerConfig:
-    max_batch: int = 32
+    max_batch: int = 64
     token_lead: int = 4
     """Thinker tokens a session may have waiting for its Talker before the Thinker pauses."""
     codes_lead: int = 2

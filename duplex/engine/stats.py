@@ -37,3 +37,25 @@ class EngineStats:
 
     def summary(self) -> dict[str, object]:
         return {name: st.summary() for name, st in sorted(self.stages.items())}
+
+    def take(self) -> dict[str, tuple[list[float], list[float], list[int]]]:
+        """Remove and return the samples recorded so far, per stage (queue, compute, batch).
+        The engine thread appends while this runs; taking a prefix and deleting exactly it
+        loses nothing."""
+        taken = {}
+        for name, st in list(self.stages.items()):
+            parts = []
+            for values in (st.queue_ms, st.compute_ms, st.batch_sizes):
+                n = len(values)
+                parts.append(values[:n])
+                del values[:n]
+            taken[name] = tuple(parts)
+        return taken
+
+    def add(self, taken: dict[str, tuple[list[float], list[float], list[int]]]) -> None:
+        """Append samples another EngineStats gave up with `take`."""
+        for name, (queue_ms, compute_ms, batch_sizes) in taken.items():
+            st = self.stages[name]
+            st.queue_ms += queue_ms
+            st.compute_ms += compute_ms
+            st.batch_sizes += batch_sizes

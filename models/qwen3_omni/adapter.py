@@ -28,7 +28,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from models.base import DuplexModel, ModelState, TalkerFrame, ThinkerToken
-from models.qwen3_omni.codec import Code2WavState, StreamingCode2Wav
+from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav
 from models.qwen3_omni.tiny import load, load_options, load_preprocessor, load_tokenizer
 
 STATE_KEY = "qwen3_omni"
@@ -270,7 +270,7 @@ class _Session:
     frames: int = 0
     last_codes: torch.Tensor | None = None
     talker_done: bool = False
-    codec: Code2WavState | None = None
+    codec_row: int | None = None
 
     def tensors(self) -> list[Any]:
         pieces = [(p.embeds, p.positions, p.deepstack or ()) for p in self.pending]
@@ -367,6 +367,7 @@ class Qwen3OmniAdapter(DuplexModel):
         self._image_std = torch.tensor(preprocessor["image_std"], device=self.device)
 
         self._codec = StreamingCode2Wav(model.code2wav)
+        self._codec_pool = Code2WavPool(self._codec)
         self.frame_samples = self._codec.frame_samples
 
         text_cfg = thinker_cfg.text_config
@@ -535,10 +536,10 @@ class Qwen3OmniAdapter(DuplexModel):
         sess = self._session(state)
         if sess.talker_slot is not None:
             self._talker_kv.release(sess.talker_slot, sess.sid)
-        if sess.codec is not None:
-            sess.codec.free()
+        if sess.codec_row is not None:
+            self._codec_pool.release(sess.codec_row, sess.sid)
         sess.responding, sess.thinker_done = False, True
-        sess.talker_slot, sess.talker_pos, sess.codec = None, 0, None
+        sess.talker_slot, sess.talker_pos, sess.codec_row = None, 0, None
         sess.talker_prefix, sess.last_codes = None, None
         sess.text_queue.clear()
         sess.eos_sent, sess.frames, sess.talker_done = False, 0, False
@@ -573,8 +574,8 @@ class Qwen3OmniAdapter(DuplexModel):
             held += self._thinker_kv.slot_bytes()
         if sess.talker_slot is not None:
             held += self._talker_kv.slot_bytes()
-        if sess.codec is not None:
-            held += sess.codec.nbytes
+        if sess.codec_row is not None:
+            held += self._codec_pool.row_bytes()
         return held
 
     # ---- encoders ----------------------------------------------------------------------------
@@ -1034,12 +1035,13 @@ class Qwen3OmniAdapter(DuplexModel):
             by_len.setdefault(c.shape[1], []).append(i)
         for idx in by_len.values():
             for i in idx:
-                if sessions[i].codec is None:
-                    sessions[i].codec = self._codec.new_state(1)
-            state = Code2WavState.cat([sessions[i].codec for i in idx])
-            pcm = self._codec.decode(torch.stack([prepared[i] for i in idx]), state)
-            for i, part in zip(idx, state.split(), strict=True):
-                sessions[i].codec = part
+                if sessions[i].codec_row is None:
+                    sessions[i].codec_row = self._codec_pool.acquire(sessions[i].sid)
+            pcm = self._codec_pool.decode(
+                torch.stack([prepared[i] for i in idx]),
+                [sessions[i].codec_row for i in idx],
+                [sessions[i].sid for i in idx],
+            )
             pcm = pcm.float().cpu().numpy()
             for j, i in enumerate(idx):
                 out[i] = pcm[j]

@@ -5,7 +5,7 @@ import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from models.qwen3_omni.codec import (
-    Code2WavState,
+    Code2WavPool,
     StreamingCode2Wav,
     measure_stream_vs_offline,
     offline_decode,
@@ -136,14 +136,37 @@ def test_slot_subsets_and_per_session_states(module):
     assert_close(pcm, expected)
     assert pool.frames.tolist() == [5, 5, 5]
 
-    # Per-session states, joined for each call and split again.
-    sessions = [stream.new_state(1) for _ in range(3)]
-    for t in range(5):
-        batch = Code2WavState.cat(sessions)
-        out = stream.decode(codes[:, :, t : t + 1], batch)
-        assert_close(out, expected[:, t * span : (t + 1) * span])
-        sessions = batch.split()
-    assert [s.frames.tolist() for s in sessions] == [[5], [5], [5]]
+
+
+def test_pool_rows_follow_their_sessions_and_a_reused_row_starts_fresh(module):
+    stream = StreamingCode2Wav(module)
+    codes = random_codes(module, 3, 5, seed=8)
+    expected = stream_chunks(stream, codes, stream.new_state(3), [1] * 5)
+    span = stream.frame_samples
+    pool = Code2WavPool(stream)
+    rows = {sid: pool.acquire(sid) for sid in "abc"}
+    done = dict.fromkeys("abc", 0)
+    # Sessions come in a different order and a different company at each call.
+    for group in ["abc", "cb", "a", "bca", "ac", "ba", "c"]:
+        pick = ["abc".index(sid) for sid in group]
+        frame = [done[sid] for sid in group]
+        batch = torch.stack([codes[i, :, f : f + 1] for i, f in zip(pick, frame, strict=True)])
+        out = pool.decode(batch, [rows[sid] for sid in group], list(group))
+        for j, (i, f) in enumerate(zip(pick, frame, strict=True)):
+            assert_close(out[j : j + 1], expected[i : i + 1, f * span : (f + 1) * span])
+        for sid in group:
+            done[sid] += 1
+    assert done == {"a": 5, "b": 4, "c": 5}
+    with pytest.raises(ValueError, match="belongs to 'b'"):
+        pool.decode(codes[:1, :, :1], [rows["b"]], ["a"])
+    pool.release(rows["b"], "b")
+    again = pool.acquire("d")
+    assert again == rows["b"]
+    fresh = pool.decode(codes[:1, :, :1], [again], ["d"])
+    assert_close(fresh, expected[:1, :span])
+    for sid in "acd":
+        pool.release(rows.get(sid, again), sid)
+    assert pool.state is None and pool.row_bytes() == 0
 
 
 def test_state_bytes_and_free(module):

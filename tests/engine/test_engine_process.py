@@ -1,0 +1,65 @@
+"""What only an engine in a process of its own can do: fail to start, and die under a session."""
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from duplex.engine import (
+    AdmissionRefused,
+    ChildSpec,
+    EngineConfig,
+    EngineProcess,
+    EngineStartFailed,
+    ResponseFinished,
+    SessionFailed,
+)
+
+
+def test_a_missing_checkpoint_fails_the_start_with_the_childs_reason(tmp_path):
+    engine = EngineProcess(ChildSpec(str(tmp_path / "nowhere"), str(tmp_path), "cpu",
+                                     EngineConfig(), torch_threads=1))
+    with pytest.raises(EngineStartFailed, match=r"no model checkpoint at .*nowhere"):
+        engine.start()
+
+
+def test_the_model_facts_callers_need_come_back_from_the_child():
+    engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
+    engine.start()
+    try:
+        assert (engine.model.name, engine.model.input_rate, engine.model.output_rate) == (
+            "echo", 24000, 24000)
+        assert engine.model.device == "cpu"
+        assert engine.query("no_such_method") is None
+    finally:
+        engine.stop()
+
+
+def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
+    engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
+    engine.start()
+    failed = threading.Event()
+    events = []
+
+    def deliver(event):
+        events.append(event)
+        if isinstance(event, SessionFailed):
+            failed.set()
+
+    try:
+        engine.open("a", deliver)
+        engine.push_audio("a", np.ones(4800, np.float32))
+        assert engine.wait_idle()
+        os.kill(engine.pid, signal.SIGKILL)
+        assert failed.wait(5)
+        assert events[-1].session_id == "a"
+        assert "engine process" in events[-1].message
+        assert not any(isinstance(e, ResponseFinished) for e in events)
+        with pytest.raises(AdmissionRefused, match="engine process is not running") as info:
+            engine.open("b", deliver)
+        assert info.value.limit == "engine.process"
+        assert engine.total_bytes_held() == 0
+    finally:
+        engine.stop()
