@@ -31,6 +31,7 @@ from typing import Any
 from duplex.engine.engine import AdmissionRefused, Deliver, Engine, EngineConfig, admit
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
+from duplex.media import Framer
 
 log = logging.getLogger("duplex.engine")
 
@@ -53,6 +54,7 @@ class ModelInfo:
     output_rate: int
     supports_video: bool
     accepts_text: bool
+    input_chunk_samples: int
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class EngineProcess:
         self.stats = EngineStats()
         self.load = 0.0
         self._callers: dict[str, Deliver] = {}
+        self._framers: dict[str, Framer] = {}
         self._bytes: dict[str, int] = {}
         self._drops: list[Drop] = []
         self._replies: dict[int, list[Any]] = {}
@@ -154,11 +157,14 @@ class EngineProcess:
             if session_id in self._callers:
                 raise KeyError(f"session {session_id} is already open")
             self._callers[session_id] = deliver
+            self._framers[session_id] = Framer(self.model.input_chunk_samples)
         self._outbox.put(("open", session_id))
 
     def push_audio(self, session_id: str, pcm) -> None:
-        self._check_open(session_id)
-        self._outbox.put(("push_audio", session_id, pcm))
+        # Framed here, so audio crosses the pipe one encoder chunk at a time rather than one
+        # network frame at a time (50 messages a second per session).
+        for chunk in self._framer(session_id).push(pcm):
+            self._outbox.put(("push_audio", session_id, chunk))
 
     def push_frame(self, session_id: str, frame) -> bool:
         if not self.model.supports_video:
@@ -175,11 +181,13 @@ class EngineProcess:
         return True
 
     def commit(self, session_id: str, epoch: int) -> None:
-        self._check_open(session_id)
+        rest = self._framer(session_id).flush()
+        if len(rest):
+            self._outbox.put(("push_audio", session_id, rest))
         self._outbox.put(("commit", session_id, epoch))
 
     def clear_input(self, session_id: str) -> None:
-        self._check_open(session_id)
+        self._framer(session_id).flush()
         self._outbox.put(("clear_input", session_id))
 
     def cancel(self, session_id: str, new_epoch: int) -> None:
@@ -189,6 +197,7 @@ class EngineProcess:
         with self._lock:
             if self._callers.pop(session_id, None) is None:
                 return
+            self._framers.pop(session_id, None)
         self._outbox.put(("close", session_id))
 
     def bytes_held(self, session_id: str) -> int:
@@ -208,6 +217,8 @@ class EngineProcess:
     def query(self, name: str, timeout_s: float = 600.0) -> Any:
         """Call the model's method `name` (no arguments) in the child and return its result."""
         done, value = self._ask(("query", name), timeout_s)
+        if self._gone is not None:
+            raise RuntimeError(f"engine process is not running ({self._gone})")
         if not done:
             raise TimeoutError(f"the engine process did not answer {name} in {timeout_s:.0f} s")
         return value
@@ -216,7 +227,15 @@ class EngineProcess:
         if session_id not in self._callers:
             raise KeyError(f"session {session_id} is not open")
 
+    def _framer(self, session_id: str) -> Framer:
+        framer = self._framers.get(session_id)
+        if framer is None:
+            raise KeyError(f"session {session_id} is not open")
+        return framer
+
     def _ask(self, message: tuple, timeout_s: float) -> tuple[bool, Any]:
+        if self._gone is not None:
+            return False, None
         token = next(self._tokens)
         slot: list[Any] = [threading.Event(), None]
         self._replies[token] = slot
@@ -281,6 +300,7 @@ class EngineProcess:
             log.error("engine process %s; failing its sessions", self._gone)
         with self._lock:
             callers, self._callers = self._callers, {}
+            self._framers = {}
         for sid, deliver in callers.items():
             deliver(SessionFailed(sid, f"the engine process {self._gone}"))
         self._bytes = {}
@@ -340,7 +360,8 @@ def child() -> None:
 
     engine.start()
     send(("ready", ModelInfo(model.name, model.device, model.dtype, model.input_rate,
-                             model.output_rate, model.supports_video, model.accepts_text)))
+                             model.output_rate, model.supports_video, model.accepts_text,
+                             model.input_chunk_samples)))
     threading.Thread(target=reporter, name="duplex-engine-reporter", daemon=True).start()
     try:
         _serve_calls(conn, engine, model, deliver, send, report)

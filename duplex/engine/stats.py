@@ -40,7 +40,8 @@ class EngineStats:
 
     def take(self) -> dict[str, tuple[list[float], list[float], list[int]]]:
         """Remove and return the samples recorded so far, per stage (queue, compute, batch).
-        The engine thread appends while this runs; taking a prefix and deleting exactly it
+        The recording thread (the engine's, or the reader of an engine process's reports)
+        appends while this runs; taking a prefix and deleting exactly it
         loses nothing."""
         taken = {}
         for name, st in list(self.stages.items()):

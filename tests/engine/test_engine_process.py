@@ -61,5 +61,8 @@ def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
             engine.open("b", deliver)
         assert info.value.limit == "engine.process"
         assert engine.total_bytes_held() == 0
+        assert engine.wait_idle() is False
+        with pytest.raises(RuntimeError, match="engine process is not running"):
+            engine.query("codec_stream_vs_offline")
     finally:
         engine.stop()
