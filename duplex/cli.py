@@ -8,6 +8,8 @@ from typing import Any
 
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
+from duplex.engine.process import EngineStartFailed
+from models.registry import ModelNotFound
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -25,6 +27,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.node_id is not None:
         cli.setdefault("store", {})["node_id"] = args.node_id
     settings = load_settings(args.config, cli=cli)
+    if settings.model.name != "echo":
+        from models.registry import checkpoint_config
+
+        # Before the server starts, so a wrong --model is one line, not a failed startup.
+        checkpoint_config(settings.model.name, settings.model.cache_dir)
     serve(settings)
     return 0
 
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as exc:
         print(f"duplex: config error: {exc}", file=sys.stderr)
+        return 2
+    except (ModelNotFound, EngineStartFailed) as exc:
+        print(f"duplex: cannot load the model: {exc}", file=sys.stderr)
         return 2
 
 

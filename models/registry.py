@@ -48,16 +48,24 @@ def build_tiny(name: str, cache_dir: str | Path, progress=None) -> Path:
     return path
 
 
-def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto") -> DuplexModel:
-    if name == "echo":
-        from models.echo import EchoModel
-
-        return EchoModel()
+def checkpoint_config(name: str, cache_dir: str | Path = ".models") -> Path:
+    """The config.json of a named tiny checkpoint or a checkpoint directory; raises
+    ModelNotFound, with what to do about it, when there is none. `echo` needs none."""
     path = tiny_path(name, cache_dir) if name in TINY else Path(name)
     config = path / "config.json"
     if not config.is_file():
         hint = f"; build it with `duplex models build {name}`" if name in TINY else ""
         raise ModelNotFound(f"no model checkpoint at {path} (config.json missing){hint}")
+    return config
+
+
+def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto") -> DuplexModel:
+    if name == "echo":
+        from models.echo import EchoModel
+
+        return EchoModel()
+    config = checkpoint_config(name, cache_dir)
+    path = config.parent
     model_type = json.loads(config.read_text()).get("model_type")
     dev, dtype = select_device(device)
     if model_type == "qwen3_omni_moe":

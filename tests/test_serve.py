@@ -38,6 +38,21 @@ def test_bad_config_stops_startup_naming_key_and_file(tmp_path):
     assert f"{cfg}: unknown key 'modle'" in result.stderr
 
 
+def test_a_missing_checkpoint_stops_startup_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "serve", "--model", str(tmp_path / "nowhere"),
+         "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"duplex: cannot load the model: no model checkpoint at {tmp_path / 'nowhere'} "
+        "(config.json missing)\n"
+    )
+
+
 @pytest.mark.slow
 async def test_sigterm_closes_open_sessions_then_exits_zero(server_process):
     import asyncio
