@@ -49,15 +49,19 @@ def create_app(settings: Settings) -> Starlette:
     metrics.active_sessions.set_function(lambda: len(hub))
 
     async def healthz(_request: Request) -> JSONResponse:
+        engine = parts.get("engine")
+        # A server whose engine has died answers nothing useful; say so to load balancers.
+        up = engine is not None and engine.alive
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if up else "engine_down",
                 "version": __version__,
                 "model": settings.model.name,
                 "active_sessions": len(hub),
                 "node_id": node_id,
                 "store": ss.backend,
-            }
+            },
+            status_code=200 if up else 503,
         )
 
     async def metrics_endpoint(_request: Request) -> Response:

@@ -1,8 +1,11 @@
 """`duplex serve` as a user runs it: a subprocess on a free port."""
 
+import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +26,32 @@ def test_serve_answers_health_and_metrics_then_exits_zero(server_process, sig):
     assert page.status_code == 200 and "<title>duplex</title>" in page.text
     server.proc.send_signal(sig)
     assert server.proc.wait(timeout=20) == 0
+
+
+def _engine_child(pid: int) -> int:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += (task / "children").read_text().split()
+    for child in children:
+        if b"duplex.engine.process" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    raise AssertionError(f"no engine process among {children}")
+
+
+@pytest.mark.slow
+def test_health_turns_503_when_the_engine_process_dies(server_process):
+    server = server_process("--model", "echo")
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+    os.kill(_engine_child(server.proc.pid), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (health := httpx.get(f"{server.url}/healthz")).status_code == 200:
+        assert time.monotonic() < deadline, "health still ok after the engine died"
+        time.sleep(0.1)
+    assert health.status_code == 503
+    assert health.json()["status"] == "engine_down"
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=20) == 0
+    assert "engine process exited with code -9" in server.output()
 
 
 def test_bad_config_stops_startup_naming_key_and_file(tmp_path):

@@ -129,6 +129,10 @@ class Engine:
             self._thread.join(timeout=10)
             self._thread = None
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def open(self, session_id: str, deliver: Deliver) -> None:
         with self._lock:
             admit(len(self._callers), self.load, self.config)

@@ -128,6 +128,10 @@ class EngineProcess:
             self._threads.append(thread)
 
     @property
+    def alive(self) -> bool:
+        return self.model is not None and self._gone is None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
