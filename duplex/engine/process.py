@@ -85,6 +85,7 @@ class EngineProcess:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._gone: str | None = None
+        self._engine_alive = True
         self._stopping = False
         self._proc = None
         self._conn = None
@@ -129,7 +130,7 @@ class EngineProcess:
 
     @property
     def alive(self) -> bool:
-        return self.model is not None and self._gone is None
+        return self.model is not None and self._gone is None and self._engine_alive
 
     @property
     def pid(self) -> int | None:
@@ -167,32 +168,38 @@ class EngineProcess:
     def push_audio(self, session_id: str, pcm) -> None:
         # Framed here, so audio crosses the pipe one encoder chunk at a time rather than one
         # network frame at a time (50 messages a second per session).
-        for chunk in self._framer(session_id).push(pcm):
+        framer = self._framer(session_id)
+        for chunk in framer.push(pcm) if framer else ():
             self._outbox.put(("push_audio", session_id, chunk))
 
     def push_frame(self, session_id: str, frame) -> bool:
         if not self.model.supports_video:
             return False
-        self._check_open(session_id)
-        self._outbox.put(("push_frame", session_id, frame))
+        if self._check_open(session_id):
+            self._outbox.put(("push_frame", session_id, frame))
         return True
 
     def push_text(self, session_id: str, text: str) -> bool:
         if not self.model.accepts_text:
             return False
-        self._check_open(session_id)
-        self._outbox.put(("push_text", session_id, text))
+        if self._check_open(session_id):
+            self._outbox.put(("push_text", session_id, text))
         return True
 
     def commit(self, session_id: str, epoch: int) -> None:
-        rest = self._framer(session_id).flush()
+        framer = self._framer(session_id)
+        if framer is None:
+            return
+        rest = framer.flush()
         if len(rest):
             self._outbox.put(("push_audio", session_id, rest))
         self._outbox.put(("commit", session_id, epoch))
 
     def clear_input(self, session_id: str) -> None:
-        self._framer(session_id).flush()
-        self._outbox.put(("clear_input", session_id))
+        framer = self._framer(session_id)
+        if framer is not None:
+            framer.flush()
+            self._outbox.put(("clear_input", session_id))
 
     def cancel(self, session_id: str, new_epoch: int) -> None:
         self._outbox.put(("cancel", session_id, new_epoch))
@@ -216,37 +223,44 @@ class EngineProcess:
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:
         """Block until the child has applied every call so far and reported after it."""
-        return self._ask(("barrier",), timeout_s)[0]
+        done, idle, _ = self._ask(("barrier", timeout_s), timeout_s + 1.0)
+        return done and idle
 
     def query(self, name: str, timeout_s: float = 600.0) -> Any:
         """Call the model's method `name` (no arguments) in the child and return its result."""
-        done, value = self._ask(("query", name), timeout_s)
+        done, value, error = self._ask(("query", name), timeout_s)
         if self._gone is not None:
             raise RuntimeError(f"engine process is not running ({self._gone})")
         if not done:
             raise TimeoutError(f"the engine process did not answer {name} in {timeout_s:.0f} s")
+        if error is not None:
+            raise RuntimeError(f"{name} failed in the engine process: {error}")
         return value
 
-    def _check_open(self, session_id: str) -> None:
+    def _check_open(self, session_id: str) -> bool:
+        """True for an open session; False once the child is gone (the session has been told
+        with SessionFailed, and calls still on their way from it are moot); KeyError for a
+        session never opened or already closed, as Engine raises."""
+        if self._gone is not None:
+            return False
         if session_id not in self._callers:
             raise KeyError(f"session {session_id} is not open")
+        return True
 
-    def _framer(self, session_id: str) -> Framer:
-        framer = self._framers.get(session_id)
-        if framer is None:
-            raise KeyError(f"session {session_id} is not open")
-        return framer
+    def _framer(self, session_id: str) -> Framer | None:
+        return self._framers[session_id] if self._check_open(session_id) else None
 
-    def _ask(self, message: tuple, timeout_s: float) -> tuple[bool, Any]:
-        if self._gone is not None:
-            return False, None
+    def _ask(self, message: tuple, timeout_s: float) -> tuple[bool, Any, str | None]:
+        """Send `message` with a reply token; (answered, value, the child's error if any)."""
         token = next(self._tokens)
-        slot: list[Any] = [threading.Event(), None]
+        slot: list[Any] = [threading.Event(), None, None]
+        # Registered before the check, so a child dying in between still wakes this wait.
         self._replies[token] = slot
-        self._outbox.put((message[0], token, *message[1:]))
-        done = slot[0].wait(timeout_s) and self._gone is None
+        if self._gone is None:
+            self._outbox.put((message[0], token, *message[1:]))
+            slot[0].wait(timeout_s)
         self._replies.pop(token, None)
-        return done, slot[1]
+        return slot[0].is_set() and self._gone is None, slot[1], slot[2]
 
     # -- pipe threads -----------------------------------------------------------------------
 
@@ -283,15 +297,20 @@ class EngineProcess:
                 event = message[1]
                 deliver = self._callers.get(event.session_id)
                 if deliver is not None:
-                    deliver(event)
+                    try:
+                        deliver(event)
+                    except Exception:
+                        log.exception("an engine event for %s could not be delivered",
+                                      event.session_id)
             elif kind == "report":
-                self._bytes, drops, taken, self.load, self.stats.busy_s = message[1:]
+                self._bytes, drops, taken, self.load, self.stats.busy_s, self._engine_alive = (
+                    message[1:])
                 self._drops.extend(drops)
                 self.stats.add(taken)
             elif kind == "reply":
                 slot = self._replies.get(message[1])
                 if slot is not None:
-                    slot[1] = message[2]
+                    slot[1], slot[2] = message[2], message[3]
                     slot[0].set()
 
     def _child_gone(self) -> None:
@@ -300,13 +319,13 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             code = None
         self._gone = f"exited with code {code}" if code is not None else "pipe closed"
-        if not self._stopping:
-            log.error("engine process %s; failing its sessions", self._gone)
         with self._lock:
             callers, self._callers = self._callers, {}
             self._framers = {}
-        for sid, deliver in callers.items():
-            deliver(SessionFailed(sid, f"the engine process {self._gone}"))
+        if not self._stopping:
+            log.error("engine process %s; failing its sessions", self._gone)
+            for sid, deliver in callers.items():
+                deliver(SessionFailed(sid, f"the engine process {self._gone}"))
         self._bytes = {}
         for slot in list(self._replies.values()):
             slot[0].set()
@@ -339,13 +358,19 @@ def child() -> None:
     engine = Engine(model, replace(spec.config, max_load=math.inf))
     send_lock = threading.Lock()
 
-    def send(message: tuple) -> None:
+    def send(*messages: tuple) -> None:
         with send_lock:
-            conn.send(message)
+            for message in messages:
+                conn.send(message)
 
-    def report() -> tuple:
-        return ("report", engine.bytes_by_session(), engine.drain_drops(), engine.stats.take(),
-                engine.load, engine.stats.busy_s)
+    def send_report(*then: tuple) -> None:
+        # Taken and sent under one lock, so reports reach the parent in the order they were
+        # taken and no two of them share or split the same samples.
+        with send_lock:
+            conn.send(("report", engine.bytes_by_session(), engine.drain_drops(),
+                       engine.stats.take(), engine.load, engine.stats.busy_s, engine.alive))
+            for message in then:
+                conn.send(message)
 
     def deliver(event) -> None:
         try:
@@ -358,7 +383,7 @@ def child() -> None:
     def reporter() -> None:
         while not stopped.wait(REPORT_S):
             try:
-                send(report())
+                send_report()
             except OSError:
                 return
 
@@ -368,13 +393,13 @@ def child() -> None:
                              model.input_chunk_samples)))
     threading.Thread(target=reporter, name="duplex-engine-reporter", daemon=True).start()
     try:
-        _serve_calls(conn, engine, model, deliver, send, report)
+        _serve_calls(conn, engine, deliver, send, send_report)
     finally:
         stopped.set()
         engine.stop()
 
 
-def _serve_calls(conn, engine: Engine, model, deliver, send, report) -> None:
+def _serve_calls(conn, engine: Engine, deliver, send, send_report) -> None:
     while True:
         try:
             batch = conn.recv()
@@ -387,11 +412,14 @@ def _serve_calls(conn, engine: Engine, model, deliver, send, report) -> None:
                 if op == "open":
                     engine.open(args[0], deliver)
                 elif op == "barrier":
-                    engine.wait_idle()
-                    send(report())
-                    send(("reply", args[0], None))
+                    token, timeout_s = args
+                    send_report(("reply", token, engine.wait_idle(timeout_s), None))
                 elif op == "query":
-                    send(("reply", args[0], engine.query(args[1])))
+                    token, name = args
+                    try:
+                        send(("reply", token, engine.query(name), None))
+                    except Exception as exc:
+                        send(("reply", token, None, f"{type(exc).__name__}: {exc}"))
                 else:
                     getattr(engine, op)(*args)
             except (KeyError, AdmissionRefused) as exc:
@@ -399,6 +427,9 @@ def _serve_calls(conn, engine: Engine, model, deliver, send, report) -> None:
                 # were on their way.
                 if op == "open":
                     deliver(SessionFailed(args[0], str(exc)))
+            except Exception:
+                # One bad call must not take every session's engine down with it.
+                log.exception("engine process: %s failed", op)
 
 
 def start_engine(spec: ChildSpec, in_process: bool) -> Engine | EngineProcess:

@@ -87,7 +87,8 @@ class ResponseFinished:
 
 @dataclass(frozen=True, slots=True)
 class SessionFailed:
-    """The model raised on a batch holding this session; the engine has closed it."""
+    """The session can no longer be served: the model raised on a batch holding it (the engine
+    has closed it), the engine process died, or the engine process could not open it."""
 
     session_id: str
     message: str

@@ -95,10 +95,6 @@ class Code2WavState:
         for buf in self.buffers:
             buf.masked_fill_(mask.to(buf.device).view(-1, *([1] * (buf.dim() - 1))), 0)
 
-    def free(self) -> None:
-        self.frames = self.frames.new_zeros(0)
-        self.buffers = []
-
     @torch.inference_mode()
     def take(self, slots: torch.Tensor) -> Code2WavState:
         """A copy of the given slots, in that order."""
@@ -129,8 +125,11 @@ class Code2WavPool:
     gather and one scatter per buffer instead of joining and splitting per-session states
     (at 32 sessions that took a third as long as the decode itself).
 
-    A session holds a row from its reply's first frame to the reply's end; an empty pool holds
-    no memory.
+    A session takes a row at its reply's first frame and gives it back when its next reply
+    begins, when a reply is cancelled, or when it closes (the adapter's `reset_response`). The
+    pool gives back trailing free rows once fewer than a quarter are in use (not at half, where
+    one reply starting and ending at a power of two would copy the whole state each time), and
+    all of its memory when no row is held.
     """
 
     def __init__(self, decoder: StreamingCode2Wav) -> None:
@@ -161,7 +160,7 @@ class Code2WavPool:
         used = [i for i, o in enumerate(self.owner) if o is not None]
         if not used:
             self.state, self.owner = None, []
-        elif used[-1] < len(self.owner) // 2:
+        elif used[-1] < len(self.owner) // 4:
             # Past a burst of replies, give back the rows at the end nobody holds.
             self.state = self.state.take(torch.arange(used[-1] + 1))
             self.owner = self.owner[: used[-1] + 1]

@@ -37,6 +37,22 @@ def test_the_model_facts_callers_need_come_back_from_the_child():
         engine.stop()
 
 
+def test_a_call_that_raises_in_the_child_is_answered_and_the_engine_serves_on():
+    engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
+    engine.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"new_state failed in the engine process: TypeError"):
+            engine.query("new_state")
+        finished = threading.Event()
+        engine.open("a", lambda e: isinstance(e, ResponseFinished) and finished.set())
+        engine.push_audio("a", np.ones(4800, np.float32))
+        engine.commit("a", 0)
+        assert finished.wait(5)
+        assert engine.alive
+    finally:
+        engine.stop()
+
+
 def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
     engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
     engine.start()
@@ -61,6 +77,10 @@ def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
             engine.open("b", deliver)
         assert info.value.limit == "engine.process"
         assert engine.total_bytes_held() == 0
+        assert not engine.alive
+        # The session's own calls still on their way are moot now, not errors.
+        engine.push_audio("a", np.ones(4800, np.float32))
+        engine.commit("a", 1)
         assert engine.wait_idle() is False
         with pytest.raises(RuntimeError, match="engine process is not running"):
             engine.query("codec_stream_vs_offline")
