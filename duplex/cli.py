@@ -9,7 +9,7 @@ from typing import Any
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
 from duplex.engine.process import EngineStartFailed
-from models.registry import ModelNotFound
+from models.registry import ModelNotFound, checkpoint_config
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -28,8 +28,6 @@ def _serve(args: argparse.Namespace) -> int:
         cli.setdefault("store", {})["node_id"] = args.node_id
     settings = load_settings(args.config, cli=cli)
     if settings.model.name != "echo":
-        from models.registry import checkpoint_config
-
         # Before the server starts, so a wrong --model is one line, not a failed startup.
         checkpoint_config(settings.model.name, settings.model.cache_dir)
     serve(settings)

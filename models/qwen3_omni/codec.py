@@ -153,9 +153,12 @@ class Code2WavPool:
         self.owner[row] = owner
         return row
 
-    def release(self, row: int, owner: str) -> None:
+    def check(self, row: int, owner: str) -> None:
         if self.owner[row] != owner:
             raise ValueError(f"codec row {row} belongs to {self.owner[row]!r}, not {owner!r}")
+
+    def release(self, row: int, owner: str) -> None:
+        self.check(row, owner)
         self.owner[row] = None
         used = [i for i, o in enumerate(self.owner) if o is not None]
         if not used:
@@ -169,8 +172,7 @@ class Code2WavPool:
         """Codes (B, Q, T_new), row b of them continuing pool row `rows[b]` (owned by
         `owners[b]`) -> PCM (B, T_new * frame_samples)."""
         for row, owner in zip(rows, owners, strict=True):
-            if self.owner[row] != owner:
-                raise ValueError(f"codec row {row} belongs to {self.owner[row]!r}, not {owner!r}")
+            self.check(row, owner)
         return self.decoder.decode(codes, self.state, slots=torch.tensor(rows))
 
 
