@@ -19,15 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from pydantic import ValidationError
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
 from duplex.config import AuthSettings, TelephonySettings
 from duplex.limits import Admission
 from duplex.store import SessionRegistry, StoreUnavailable, hash_secret
-from duplex.transport.realtime import schema
-from duplex.transport.realtime.protocol import RealtimeProtocol
+from duplex.transport.realtime.session_config import SessionSettings, ga_session, updated_ga
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 SESSION_PATHS = ("/v1/realtime", "/realtime")
@@ -238,10 +236,8 @@ def client_secrets_endpoint(gate: Gate, model_name: str):
             body = json.loads(await request.body() or b"{}")
             ttl, session = _parse_request(body, gate.auth.ephemeral_key_ttl_s)
             session_id = "sess_" + secrets.token_hex(8)
-            proto = RealtimeProtocol(session_id, model=model_name, model_input_rate=24000,
-                                     model_output_rate=24000)
-            proto.configure(session)
-        except (ValueError, ValidationError) as exc:
+            settings = updated_ga(SessionSettings(), session)
+        except ValueError as exc:
             return JSONResponse(_error_body(400, "invalid_value", str(exc)), 400)
         try:
             value, expires_at = await gate.registry.issue_key(principal.key_id, session_id,
@@ -250,7 +246,7 @@ def client_secrets_endpoint(gate: Gate, model_name: str):
             return JSONResponse(_error_body(503, "session_store_unavailable",
                                             "The session registry cannot be reached."), 503)
         return JSONResponse({"value": value, "expires_at": int(expires_at),
-                             "session": proto.session_object()})
+                             "session": ga_session(settings, session_id, model_name)})
 
     return endpoint
 
@@ -267,5 +263,4 @@ def _parse_request(body: Any, default_ttl: int) -> tuple[int, dict[str, Any]]:
     session = body.get("session") or {}
     if not isinstance(session, dict):
         raise ValueError("session must be an object.")
-    schema.SessionConfig.model_validate(session)
     return ttl, session

@@ -73,6 +73,9 @@ async function connect() {
   };
   channel = pc.createDataChannel("oai-events");
   channel.onmessage = (e) => onEvent(JSON.parse(e.data));
+  // Per-stage timings come as duplex's own event, which is off unless a client asks for it.
+  channel.onopen = () => channel.send(JSON.stringify(
+    { type: "session.update", session: { type: "realtime", duplex_events: true } }));
   try {
     await pc.setLocalDescription(await pc.createOffer());
     const resp = await fetch("/v1/realtime/calls", {

@@ -63,6 +63,14 @@ class ResponseCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputDelivered:
+    """The output track up to `end_sample` (absolute) has been handed to the listener's
+    carrier: the most of it a listener can have played."""
+
+    end_sample: int
+
+
+@dataclass(frozen=True, slots=True)
 class PlaybackAcknowledged:
     """The listener has heard the output track up to `played_sample` (absolute)."""
 
@@ -104,6 +112,7 @@ Command = (
     | StartResponse
     | OutputChunkProduced
     | ResponseCompleted
+    | OutputDelivered
     | PlaybackAcknowledged
     | Truncate
     | Cancel

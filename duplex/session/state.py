@@ -39,6 +39,9 @@ class Response:
     generating: bool = True
     pieces: list[tuple[int, str]] = field(default_factory=list)
     heard_samples: int | None = None
+    delivered_samples: int = 0
+    """Samples of this reply handed to the listener's carrier. The server's playback estimate
+    can lag what a client really played; a client may report hearing anything up to this."""
 
     def text_before(self, audio_end: int) -> str:
         """The text whose audio started before `audio_end` (relative to the response start)."""
@@ -217,6 +220,17 @@ class Session:
             out.append(self._set_turn(TurnState.LISTENING))
         return out
 
+    def _output_delivered(self, cmd: c.OutputDelivered) -> list[e.Event]:
+        end = require_count("end_sample", cmd.end_sample)
+        if end > self.sent_samples:
+            raise AckBeyondSent(f"delivery up to {end} is beyond the {self.sent_samples} samples sent")
+        response = self.responses[-1] if self.responses else None
+        if response is not None and end > response.start_sample:
+            response.delivered_samples = max(
+                response.delivered_samples, min(end - response.start_sample, response.sent_samples)
+            )
+        return []
+
     def _playback_ack(self, cmd: c.PlaybackAcknowledged) -> list[e.Event]:
         played = require_count("played_sample", cmd.played_sample)
         if played > self.sent_samples:
@@ -231,12 +245,19 @@ class Session:
         if rid >= len(self.responses):
             raise NoActiveResponse(f"no response {rid} to truncate")
         response = self.responses[rid]
-        if end > response.sent_samples:
+        if end > response.delivered_samples:
             raise AckBeyondSent(
-                f"audio_end {end} is beyond the {response.sent_samples} samples sent in response {rid}"
+                f"audio_end {end} is beyond the {response.delivered_samples} samples delivered "
+                f"in response {rid}"
             )
         response.heard_samples = end
-        self.played_samples = response.start_sample + end
+        if response is self.responses[-1] and end < response.sent_samples:
+            # The listener stopped playing there: the rest of the reply leaves the output track.
+            cut = response.start_sample + end
+            self.flushed_samples += self.sent_samples - cut
+            response.sent_samples = end
+            self.sent_samples = cut
+            self.played_samples = cut
         return [e.TranscriptTruncated(rid, end, response.transcript)]
 
     # -- cancellation and close ----------------------------------------------------------
@@ -307,6 +328,7 @@ _HANDLERS = {
     c.StartResponse: Session._start_response,
     c.OutputChunkProduced: Session._output_chunk,
     c.ResponseCompleted: Session._response_completed,
+    c.OutputDelivered: Session._output_delivered,
     c.PlaybackAcknowledged: Session._playback_ack,
     c.Truncate: Session._truncate,
     c.Cancel: Session._cancel,

@@ -14,6 +14,7 @@ from duplex.session import (
     NoActiveResponse,
     OutputChunk,
     OutputChunkProduced,
+    OutputDelivered,
     PlaybackAcknowledged,
     Released,
     ResponseCancelled,
@@ -103,14 +104,43 @@ def test_new_response_after_cancel_is_accepted_in_new_epoch():
     assert (chunk.epoch, chunk.response_id) == (1, 1)
 
 
-def test_explicit_truncate_sets_watermark_and_transcript():
+def test_explicit_truncate_cuts_the_reply_where_the_listener_stopped():
     s = responding_session()
     s.handle(OutputChunkProduced(0, 1920, "a"))
     s.handle(OutputChunkProduced(0, 1920, "b"))
     s.handle(ResponseCompleted(0))
+    s.handle(OutputDelivered(3840))
     events = s.handle(Truncate(0, 1000))
     assert events == [TranscriptTruncated(0, 1000, "a")]
-    assert s.played_samples == 1000
+    assert s.played_samples == s.sent_samples == 1000
+    assert s.flushed_samples == 2840
+
+
+def test_a_truncate_past_the_servers_estimate_but_within_delivery_is_the_listeners_truth():
+    """A client played more than the server's playback estimate when speech began (its
+    buffer ran ahead of the estimate): it is right, up to what it was handed."""
+    s = responding_session()
+    for text in ("one ", "two ", "three"):
+        s.handle(OutputChunkProduced(0, 1920, text))
+    s.handle(OutputDelivered(5760))
+    s.handle(PlaybackAcknowledged(2000))
+    s.handle(SpeechStarted(9000))
+    assert s.responses[0].transcript == "one two "
+    [truncated] = s.handle(Truncate(0, 4000))
+    assert truncated == TranscriptTruncated(0, 4000, "one two three")
+    assert s.sent_samples == s.played_samples == 2000
+    with pytest.raises(AckBeyondSent, match="5760 samples delivered"):
+        s.handle(Truncate(0, 5761))
+
+
+def test_a_truncate_beyond_what_was_delivered_is_refused():
+    s = responding_session()
+    s.handle(OutputChunkProduced(0, 1920, "a"))
+    s.handle(OutputChunkProduced(0, 1920, "b"))
+    s.handle(OutputDelivered(1920))
+    with pytest.raises(AckBeyondSent):
+        s.handle(Truncate(0, 1921))
+    assert s.responses[0].heard_samples is None
 
 
 def test_video_frames_sampled_by_timestamp():

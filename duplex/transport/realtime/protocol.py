@@ -32,6 +32,8 @@ from duplex.media import (
     ulaw_encode,
 )
 from duplex.media.pcm import PcmError
+from duplex.media.rates import REALTIME_RATE as RATE
+from duplex.media.rates import VAD_CHUNK, VAD_RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.errors import SessionError
@@ -53,9 +55,20 @@ from duplex.transport.effects import (
     VadFeed,
 )
 from duplex.transport.realtime import schema
+from duplex.transport.realtime.conversation import Conversation, Item
+from duplex.transport.realtime.session_config import (
+    ConfigError,
+    ResponseSettings,
+    SessionSettings,
+    beta_session,
+    flat_format,
+    format_wire,
+    ga_session,
+    response_settings,
+    updated_beta,
+    updated_ga,
+)
 
-RATE = 24000
-VAD_RATE = 16000
 INPUT_TRACK = "input_audio"
 
 _BETA_NAMES = {
@@ -67,7 +80,6 @@ _BETA_NAMES = {
     "response.output_text.done": "response.text.done",
     "conversation.item.added": "conversation.item.created",
 }
-_BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
 @dataclass(frozen=True)
@@ -97,37 +109,12 @@ class Limits:
 
 
 @dataclass
-class ItemRecord:
-    id: str
-    role: str
-    content_type: str
-    transcript: str | None = None
-    text: str | None = None
-    status: str = "completed"
-    response_id: int | None = None
-
-    def as_wire(self) -> dict[str, Any]:
-        part: dict[str, Any] = {"type": self.content_type}
-        if self.content_type in ("input_audio", "output_audio"):
-            part["transcript"] = self.transcript
-        else:
-            part["text"] = self.text
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": "message",
-            "status": self.status,
-            "role": self.role,
-            "content": [part],
-        }
-
-
-@dataclass
 class ActiveResponse:
     id: str
     core_id: int
     epoch: int
-    item: ItemRecord
+    item: Item
+    settings: ResponseSettings
     engine_done: bool = False
     audio_started: bool = False
     transcript: list[str] = field(default_factory=list)
@@ -138,6 +125,10 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.code = code
         self.param = param
+
+    @classmethod
+    def of(cls, exc: ConfigError) -> ProtocolError:
+        return cls(exc.code, str(exc), exc.param)
 
 
 class RealtimeProtocol:
@@ -153,6 +144,7 @@ class RealtimeProtocol:
         media_track: bool = False,
         video_interval_samples: int = RATE // 2,
         resume_token: str | None = None,
+        duplex_events: bool = False,
     ) -> None:
         self.session_id = session_id
         self.resume_token = resume_token
@@ -166,11 +158,8 @@ class RealtimeProtocol:
                             video_interval_samples=video_interval_samples)
         self.model_input_rate = model_input_rate
         self.model_output_rate = model_output_rate
-        self.input_format = "audio/pcm"
-        self.output_format = "audio/pcm"
-        self.output_modalities = ["audio"]
-        self.instructions = ""
-        self.turn_detection: schema.TurnDetection | None = schema.TurnDetection(type="server_vad")
+        self.settings = SessionSettings(duplex_events=duplex_events)
+        self.input_samples = 0
         self.detector = self._new_detector()
         self._to_model = Resampler(RATE, model_input_rate)
         self._to_vad = Resampler(RATE, VAD_RATE, quality="QQ")
@@ -179,11 +168,9 @@ class RealtimeProtocol:
         self._g711_in = Resampler(8000, RATE, quality="QQ")
         self._g711_out = Resampler(RATE, 8000)
         self._ids = itertools.count(1)
-        self.items: list[ItemRecord] = []
+        self.conversation = Conversation()
         self.response: ActiveResponse | None = None
-        self.core_to_response: dict[int, ItemRecord] = {}
         self.pacer: OutputPacer[np.ndarray] = OutputPacer(self.limits.output_lead_ms * RATE // 1000)
-        self.input_samples = 0
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
         self.errors = 0
@@ -219,41 +206,13 @@ class RealtimeProtocol:
             out.append(CloseConnection(1008, f"more than {self.limits.max_errors} errors"))
 
     def session_object(self) -> dict[str, Any]:
-        if self.beta:
-            flat = {v: k for k, v in _BETA_FORMATS.items()}
-            return {
-                "id": self.session_id,
-                "object": "realtime.session",
-                "model": self.model,
-                "modalities": self.output_modalities,
-                "instructions": self.instructions,
-                "input_audio_format": flat[self.input_format],
-                "output_audio_format": flat[self.output_format],
-                "turn_detection": self._turn_detection_wire(),
-            }
-        return {
-            "type": "realtime",
-            "object": "realtime.session",
-            "id": self.session_id,
-            "model": self.model,
-            "output_modalities": self.output_modalities,
-            "instructions": self.instructions,
-            "audio": {
-                "input": {
-                    "format": self._format_wire(self.input_format),
-                    "turn_detection": self._turn_detection_wire(),
-                },
-                "output": {"format": self._format_wire(self.output_format)},
-            },
-        }
+        """The whole effective session, in the client's spelling."""
+        render = beta_session if self.beta else ga_session
+        return render(self.settings, self.session_id, self.model)
 
-    @staticmethod
-    def _format_wire(fmt: str) -> dict[str, Any]:
-        return {"type": fmt, "rate": RATE} if fmt == "audio/pcm" else {"type": fmt}
-
-    def _turn_detection_wire(self) -> dict[str, Any] | None:
-        td = self.turn_detection
-        return None if td is None else td.model_dump(exclude_none=True, exclude={"eagerness"})
+    @property
+    def turn_detection(self) -> schema.TurnDetection | None:
+        return self.settings.turn_detection
 
     def _new_detector(self) -> TurnDetector:
         td = self.turn_detection or schema.TurnDetection(type="server_vad")
@@ -261,7 +220,7 @@ class RealtimeProtocol:
             threshold=td.threshold,
             silence_samples=td.silence_duration_ms * RATE // 1000,
             prefix_samples=td.prefix_padding_ms * RATE // 1000,
-            position=getattr(self, "input_samples", 0),
+            position=self.input_samples,
         )
 
     # -- entry points ---------------------------------------------------------------------
@@ -318,9 +277,8 @@ class RealtimeProtocol:
             self._error(out, "invalid_value", message, param, event_id)
             return out
         self.client_events += 1
-        handler = getattr(self, "_on_" + type_.replace(".", "_"))
         try:
-            handler(event, out)
+            _HANDLERS[type_](self, event, out)
         except ProtocolError as exc:
             self._error(out, exc.code, str(exc), exc.param, event_id)
         except SessionError as exc:
@@ -342,18 +300,8 @@ class RealtimeProtocol:
         Nothing is replayed: items come back as they were heard and no audio is resent."""
         self.session_id = session_id
         self.core.id = session_id
-        self.items = [
-            ItemRecord(i["id"], i["role"], i["type"], transcript=i.get("transcript"),
-                       text=i.get("text"),
-                       status="incomplete" if i["status"] == "in_progress" else i["status"])
-            for i in conversation
-        ]
-        updates = {k: config[k] for k in ("input_format", "output_format", "output_modalities",
-                                          "instructions") if k in config}
-        if "turn_detection" in config:
-            td = config["turn_detection"]
-            updates["turn_detection"] = None if td is None else schema.TurnDetection.model_validate(td)
-        self._apply_updates(updates)
+        self.conversation.replace_all([Item.from_record(i) for i in conversation])
+        self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
         self._emit(out, "session.resumed", session=self._session_with_token())
         return out
@@ -361,7 +309,10 @@ class RealtimeProtocol:
     def configure(self, session: dict[str, Any]) -> None:
         """Apply GA session settings without an event (an ephemeral key's, before
         session.created); raises ProtocolError."""
-        self._apply_ga_session(session)
+        try:
+            self._set_settings(updated_ga(self.settings, session))
+        except ConfigError as exc:
+            raise ProtocolError.of(exc) from None
 
     def refuse(self, code: str, message: str, param: str | None = None) -> list[Effect]:
         """An error the edge decided on (a refused resume, a rate limit); the session goes on."""
@@ -383,26 +334,15 @@ class RealtimeProtocol:
         resume (on any node) continues from."""
         played = self.pacer.played(now)
         items = []
-        for item in self.items:
-            entry: dict[str, Any] = {"id": item.id, "role": item.role,
-                                     "type": item.content_type, "status": item.status}
-            if item.text is not None:
-                entry["text"] = item.text
+        for item in self.conversation:
+            record = item.record()
             transcript = self._heard_transcript(item, played)
             if transcript is not None:
-                entry["transcript"] = transcript
-            items.append(entry)
-        td = self.turn_detection
-        config = {
-            "input_format": self.input_format,
-            "output_format": self.output_format,
-            "output_modalities": list(self.output_modalities),
-            "instructions": self.instructions,
-            "turn_detection": None if td is None else td.model_dump(exclude_none=True),
-        }
-        return items, config
+                record["transcript"] = transcript
+            items.append(record)
+        return items, self.settings.record()
 
-    def _heard_transcript(self, item: ItemRecord, played: int) -> str | None:
+    def _heard_transcript(self, item: Item, played: int) -> str | None:
         if item.response_id is None or item.response_id >= len(self.core.responses):
             return item.transcript
         resp = self.core.responses[item.response_id]
@@ -411,76 +351,38 @@ class RealtimeProtocol:
         return resp.text_before(played - resp.start_sample)
 
     def _on_session_update(self, event: schema.SessionUpdate, out: list[Effect]) -> None:
-        if self.beta:
-            self._apply_beta_session(event.session)
-        else:
-            for flat in ("input_audio_format", "output_audio_format", "modalities"):
-                if flat in event.session:
-                    raise ProtocolError("unknown_parameter",
-                                        f"Unknown parameter: 'session.{flat}'. Use session.audio "
-                                        "(GA); beta spellings need the OpenAI-Beta: realtime=v1 "
-                                        "header.", f"session.{flat}")
-            self._apply_ga_session(event.session)
-        self._emit(out, "session.updated", session=self.session_object())
-
-    def _apply_ga_session(self, data: dict[str, Any]) -> None:
+        update = updated_beta if self.beta else updated_ga
         try:
-            cfg = schema.SessionConfig.model_validate(data)
-        except ValidationError as exc:
-            raise ProtocolError("invalid_value", *reversed(schema.first_problem(exc, "session."))) from None
-        updates: dict[str, Any] = {}
-        if cfg.output_modalities is not None:
-            updates["output_modalities"] = list(cfg.output_modalities)
-        if cfg.instructions is not None:
-            updates["instructions"] = cfg.instructions
-        audio = cfg.audio
-        if audio and audio.input:
-            if audio.input.format:
-                updates["input_format"] = audio.input.format.type
-            if "turn_detection" in audio.input.model_fields_set:
-                updates["turn_detection"] = audio.input.turn_detection
-        if audio and audio.output and audio.output.format:
-            updates["output_format"] = audio.output.format.type
-        self._apply_updates(updates)
-
-    def _apply_beta_session(self, data: dict[str, Any]) -> None:
-        try:
-            cfg = schema.BetaSessionConfig.model_validate(data)
-        except ValidationError as exc:
-            raise ProtocolError("invalid_value", *reversed(schema.first_problem(exc, "session."))) from None
-        updates: dict[str, Any] = {}
-        if cfg.modalities is not None:
-            updates["output_modalities"] = list(cfg.modalities)
-        if cfg.instructions is not None:
-            updates["instructions"] = cfg.instructions
-        if cfg.input_audio_format:
-            updates["input_format"] = _BETA_FORMATS[cfg.input_audio_format]
-        if cfg.output_audio_format:
-            updates["output_format"] = _BETA_FORMATS[cfg.output_audio_format]
-        if "turn_detection" in cfg.model_fields_set:
-            updates["turn_detection"] = cfg.turn_detection
-        self._apply_updates(updates)
-
-    def _apply_updates(self, updates: dict[str, Any]) -> None:
-        if "output_format" in updates and self.response is not None:
+            new = update(self.settings, event.session)
+        except ConfigError as exc:
+            raise ProtocolError.of(exc) from None
+        if new.output_format != self.settings.output_format and self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 "The output format cannot change while a response is playing.",
                                 "session.audio.output.format")
-        for key, value in updates.items():
-            setattr(self, key, value)
-        if "turn_detection" in updates:
+        self._set_settings(new)
+        self._emit(out, "session.updated", session=self.session_object())
+
+    def _set_settings(self, new: SessionSettings) -> None:
+        detection_changed = new.turn_detection != self.settings.turn_detection
+        self.settings = new
+        if detection_changed:
             self.detector = self._new_detector()
 
     def _on_input_audio_buffer_append(self, event: schema.Append, out: list[Effect]) -> None:
+        self._append_base64(event.audio, "audio", out)
+
+    def _append_base64(self, audio: str, param: str, out: list[Effect]) -> None:
         try:
-            data = base64.b64decode(event.audio, validate=True)
+            data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
-            raise ProtocolError("invalid_value", "Invalid value for 'audio': not valid base64.",
-                                "audio") from None
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': not valid base64.",
+                                param) from None
         try:
             pcm = self._decode_input(data)
         except PcmError as exc:
-            raise ProtocolError("invalid_value", f"Invalid value for 'audio': {exc}.", "audio") from None
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': {exc}.",
+                                param) from None
         self._input_audio(pcm, out)
 
     def receive_audio(self, pcm: np.ndarray) -> list[Effect]:
@@ -531,9 +433,10 @@ class RealtimeProtocol:
         return self.input_samples - self.core.now_sample
 
     def _decode_input(self, data: bytes) -> np.ndarray:
-        if self.input_format == "audio/pcm":
+        fmt = self.settings.input_format
+        if fmt == "audio/pcm":
             return pcm16_to_float(data)
-        decode = ulaw_decode if self.input_format == "audio/pcmu" else alaw_decode
+        decode = ulaw_decode if fmt == "audio/pcmu" else alaw_decode
         return self._g711_in.process(decode(data).astype(np.float32) / 32768.0)
 
     def _on_input_audio_buffer_commit(self, event: schema.ClientEvent, out: list[Effect]) -> None:
@@ -544,16 +447,26 @@ class RealtimeProtocol:
                                 f"{self.uncommitted_samples * 1000 // RATE}ms of audio.")
         self._commit_user_audio(out, self.speech_item_id or self._id("item"))
 
-    def _commit_user_audio(self, out: list[Effect], item_id: str) -> ItemRecord:
-        previous = self.items[-1].id if self.items else None
-        item = ItemRecord(item_id, "user", "input_audio", transcript=None)
-        self.items.append(item)
+    def _commit_user_audio(self, out: list[Effect], item_id: str) -> Item:
+        item = Item(item_id, role="user", content_type="input_audio")
+        previous = self.conversation.append(item)
         self.uncommitted_samples = 0
         self.speech_item_id = None
         self._emit(out, "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         self._emit(out, "conversation.item.added", item=item.as_wire(), previous_item_id=previous)
         self._emit(out, "conversation.item.done", item=item.as_wire(), previous_item_id=previous)
+        if self.settings.transcription is not None:
+            self._transcription_failed(out, item)
         return item
+
+    def _transcription_failed(self, out: list[Effect], item: Item) -> None:
+        """Until the server has a recogniser, a client that asked for transcripts is told each
+        one failed, as OpenAI tells it when transcription fails: it goes on without them."""
+        self._emit(out, "conversation.item.input_audio_transcription.failed", item_id=item.id,
+                   content_index=0, error={
+                       "type": "server_error", "code": "transcription_unavailable",
+                       "message": "This server has no speech recogniser configured.",
+                       "param": None})
 
     def _on_input_audio_buffer_clear(self, event: schema.ClientEvent, out: list[Effect]) -> None:
         self.uncommitted_samples = 0
@@ -565,53 +478,69 @@ class RealtimeProtocol:
         self._emit(out, "output_audio_buffer.cleared", response_id=None)
 
     def _on_conversation_item_create(self, event: schema.ItemCreate, out: list[Effect]) -> None:
-        item = event.item
-        if event.previous_item_id not in (None, "root") and not self._find(event.previous_item_id):
-            raise ProtocolError("item_not_found", f"Item '{event.previous_item_id}' does not exist.",
+        kind = event.item.get("type", "message")
+        model = schema.ITEM_TYPES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise ProtocolError("invalid_value",
+                                f"Invalid value for 'item.type': {kind!r} is not one of "
+                                f"{', '.join(schema.ITEM_TYPES)}.", "item.type")
+        try:
+            item = model.model_validate(event.item)
+        except ValidationError as exc:
+            raise ProtocolError("invalid_value", *reversed(schema.first_problem(exc, "item."))) from None
+        after = event.previous_item_id
+        if after not in (None, "root") and self.conversation.find(after) is None:
+            raise ProtocolError("item_not_found", f"Item '{after}' does not exist.",
                                 "previous_item_id")
         item_id = item.id or self._id("item")
-        if self._find(item_id):
+        if self.conversation.find(item_id):
             raise ProtocolError("item_already_exists", f"Item '{item_id}' already exists.", "item.id")
+        if isinstance(item, schema.MessageItem):
+            record = self._message_item(item_id, item, out)
+        elif isinstance(item, schema.FunctionCallItem):
+            record = Item(item_id, type="function_call", call_id=item.call_id, name=item.name,
+                          arguments=item.arguments)
+        else:
+            record = Item(item_id, type="function_call_output", call_id=item.call_id,
+                          output=item.output)
+        previous = self.conversation.insert(record, after)
+        self._emit(out, "conversation.item.added", item=record.as_wire(), previous_item_id=previous)
+        self._emit(out, "conversation.item.done", item=record.as_wire(), previous_item_id=previous)
+
+    def _message_item(self, item_id: str, item: schema.MessageItem, out: list[Effect]) -> Item:
         first = item.content[0] if item.content else None
         if first is None:
             raise ProtocolError("invalid_value", "An item needs at least one content part.",
                                 "item.content")
-        record = ItemRecord(item_id, item.role, first.type, text=first.text,
-                            transcript=first.transcript)
         if first.type == "input_audio":
             if first.audio is None:
                 raise ProtocolError("missing_required_parameter",
                                     "Missing required parameter: 'item.content[0].audio'.",
                                     "item.content.0.audio")
-            self._on_input_audio_buffer_append(schema.Append(type="x", audio=first.audio), out)
+            self._append_base64(first.audio, "item.content.0.audio", out)
         elif first.type == "input_image":
             out.append(EnginePushImage(_image_bytes(first.image_url)))
         elif first.type in ("input_text", "text") and item.role == "user" and first.text:
             out.append(EnginePushText(first.text))
-        previous = self.items[-1].id if self.items else None
-        self.items.append(record)
-        self._emit(out, "conversation.item.added", item=record.as_wire(), previous_item_id=previous)
-        self._emit(out, "conversation.item.done", item=record.as_wire(), previous_item_id=previous)
-
-    def _find(self, item_id: str | None) -> ItemRecord | None:
-        return next((i for i in self.items if i.id == item_id), None)
+        return Item(item_id, role=item.role, content_type=first.type, text=first.text,
+                    transcript=first.transcript)
 
     def _on_conversation_item_delete(self, event: schema.ItemRef, out: list[Effect]) -> None:
-        item = self._find(event.item_id)
+        item = self.conversation.find(event.item_id)
         if item is None:
             raise ProtocolError("item_not_found", f"Item '{event.item_id}' does not exist.", "item_id")
-        self.items.remove(item)
+        self.conversation.remove(item)
         self._emit(out, "conversation.item.deleted", item_id=item.id)
 
     def _on_conversation_item_retrieve(self, event: schema.ItemRef, out: list[Effect]) -> None:
-        item = self._find(event.item_id)
+        item = self.conversation.find(event.item_id)
         if item is None:
             raise ProtocolError("item_not_found", f"Item '{event.item_id}' does not exist.", "item_id")
         self._emit(out, "conversation.item.retrieved", item=item.as_wire())
 
     def _on_conversation_item_truncate(self, event: schema.ItemTruncate, out: list[Effect]) -> None:
-        item = self._find(event.item_id)
-        if item is None or item.role != "assistant" or item.response_id is None:
+        item = self.conversation.find(event.item_id)
+        if item is None or item.response_id is None or item.content_type != "output_audio":
             raise ProtocolError("item_not_found",
                                 f"No assistant audio item '{event.item_id}' to truncate.", "item_id")
         if event.content_index != 0:
@@ -637,7 +566,11 @@ class RealtimeProtocol:
                                 f"Conversation already has an active response in progress: "
                                 f"{self.response.id}. Wait until the response is finished before "
                                 "creating a new one.")
-        self._start_response(out)
+        try:
+            settings = response_settings(self.settings, event.response, self.beta)
+        except ConfigError as exc:
+            raise ProtocolError.of(exc) from None
+        self._start_response(out, settings)
 
     def _on_response_cancel(self, event: schema.ClientEvent, out: list[Effect]) -> None:
         if self.response is None:
@@ -651,7 +584,7 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.turn_detection is None or self.closed:
             return out
-        chunk = 512 * RATE // VAD_RATE
+        chunk = VAD_CHUNK * RATE // VAD_RATE
         for prob in probs:
             decision = self.detector.feed(prob, chunk)
             if isinstance(decision, cmd.SpeechStarted):
@@ -678,43 +611,61 @@ class RealtimeProtocol:
                    item_id=item_id)
         self._commit_user_audio(out, item_id)
         if self.turn_detection.create_response and self.response is None:
-            self._start_response(out)
+            self._start_response(out, response_settings(self.settings, None, self.beta))
 
     # -- responses ------------------------------------------------------------------------
 
-    def _start_response(self, out: list[Effect]) -> None:
+    def _start_response(self, out: list[Effect], settings: ResponseSettings) -> None:
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
-        previous = self.items[-1].id if self.items else None
-        item = ItemRecord(self._id("item"), "assistant", "output_audio", transcript="",
-                          status="in_progress", response_id=started.response_id)
-        self.items.append(item)
-        self.response = ActiveResponse(self._id("resp"), started.response_id, started.epoch, item)
+        if settings.audio:
+            item = Item(self._id("item"), role="assistant", content_type="output_audio",
+                        transcript="", status="in_progress", response_id=started.response_id)
+            part = {"type": "audio", "transcript": ""}
+        else:
+            item = Item(self._id("item"), role="assistant", content_type="output_text", text="",
+                        status="in_progress", response_id=started.response_id)
+            part = {"type": "text", "text": ""}
+        self.response = r = ActiveResponse(self._id("resp"), started.response_id, started.epoch,
+                                           item, settings)
         self._emit(out, "response.created", response=self._response_wire("in_progress"))
-        self._emit(out, "conversation.item.added", item=item.as_wire(), previous_item_id=previous)
-        self._emit(out, "response.output_item.added", response_id=self.response.id,
-                   output_index=0, item=item.as_wire())
-        self._emit(out, "response.content_part.added", response_id=self.response.id,
-                   item_id=item.id, output_index=0, content_index=0,
-                   part={"type": "audio", "transcript": ""})
+        if settings.conversation != "none":
+            previous = self.conversation.append(item)
+            self._emit(out, "conversation.item.added", item=item.as_wire(),
+                       previous_item_id=previous)
+        self._emit(out, "response.output_item.added", response_id=r.id, output_index=0,
+                   item=item.as_wire())
+        self._emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
+                   output_index=0, content_index=0, part=part)
         out.append(EngineCommit(started.epoch))
 
-    def _response_wire(self, status: str, reason: str | None = None) -> dict[str, Any]:
+    def _response_wire(self, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
         r = self.response
-        details = None
-        if status == "cancelled":
-            details = {"type": "cancelled", "reason": reason, "error": None}
-        return {
+        rs = r.settings
+        wire: dict[str, Any] = {
             "id": r.id,
             "object": "realtime.response",
             "status": status,
             "status_details": details,
             "output": [r.item.as_wire()] if status != "in_progress" else [],
-            "output_modalities": self.output_modalities,
-            "conversation_id": None,
+            "conversation_id": None if rs.conversation == "none" else self.conversation_id,
+            "max_output_tokens": rs.max_output_tokens,
+            "metadata": rs.metadata,
             "usage": None,
-            "audio": {"output": {"format": self._format_wire(self.output_format)}},
         }
+        if self.beta:
+            wire.update(modalities=list(rs.output_modalities), voice=rs.voice,
+                        output_audio_format=flat_format(rs.output_format),
+                        temperature=rs.temperature)
+        else:
+            wire.update(output_modalities=list(rs.output_modalities),
+                        audio={"output": {"format": format_wire(rs.output_format),
+                                          "voice": rs.voice}})
+        return wire
+
+    @property
+    def conversation_id(self) -> str:
+        return "conv_" + self.session_id.removeprefix("sess_")
 
     def _cancel(self, out: list[Effect], reason: str) -> None:
         if self.response is None:
@@ -734,21 +685,26 @@ class RealtimeProtocol:
             elif isinstance(e, ev.TranscriptTruncated):
                 record = self._item_of_core(e.response_id)
                 if record is not None:
-                    record.transcript = e.heard_text
+                    record.set_spoken(e.heard_text)
             elif isinstance(e, ev.ResponseCancelled) and self.response is not None:
                 r = self.response
                 r.item.status = "incomplete"
                 self._emit(out, "response.output_item.done", response_id=r.id, output_index=0,
                            item=r.item.as_wire())
-                self._emit(out, "conversation.item.done", item=r.item.as_wire())
+                if r.settings.conversation != "none":
+                    self._emit(out, "conversation.item.done", item=r.item.as_wire())
                 reason = "turn_detected" if e.reason == "barge_in" else e.reason
-                self._emit(out, "response.done", response=self._response_wire("cancelled", reason))
+                self._emit(out, "response.done", response=self._response_wire(
+                    "cancelled", {"type": "cancelled", "reason": reason, "error": None}))
                 self._emit(out, "output_audio_buffer.cleared", response_id=r.id)
                 self.response = None
         self.pacer.rewind(self.core.sent_samples)
 
-    def _item_of_core(self, core_id: int) -> ItemRecord | None:
-        return next((i for i in self.items if i.response_id == core_id), None)
+    def _item_of_core(self, core_id: int) -> Item | None:
+        r = self.response
+        if r is not None and r.core_id == core_id:
+            return r.item
+        return self.conversation.of_response(core_id)
 
     # -- engine results and pacing ----------------------------------------------------------
 
@@ -782,10 +738,9 @@ class RealtimeProtocol:
         if self.response is not None:
             self.pacer.flush()
             self.response.item.status = "incomplete"
-            wire = self._response_wire("failed")
-            wire["status_details"] = {"type": "failed", "reason": None,
-                                      "error": {"type": "server_error", "code": "model_error"}}
-            self._emit(out, "response.done", response=wire)
+            self._emit(out, "response.done", response=self._response_wire("failed", {
+                "type": "failed", "reason": None,
+                "error": {"type": "server_error", "code": "model_error"}}))
             self.response = None
         self._error(out, "model_error", f"The model failed on this session: {message}",
                     kind="server_error")
@@ -794,9 +749,10 @@ class RealtimeProtocol:
         return out
 
     def on_engine_timings(self, timings: dict[str, float]) -> list[Effect]:
-        """Per-stage latency of the current reply, for clients that show it (duplex extension)."""
+        """Per-stage latency of the current reply, for clients that asked for duplex's own
+        events (`duplex_events`)."""
         out: list[Effect] = []
-        if self.response is not None:
+        if self.response is not None and self.settings.duplex_events:
             self._emit(out, "duplex.response.timings", response_id=self.response.id,
                        timings_ms=timings)
         return out
@@ -814,6 +770,7 @@ class RealtimeProtocol:
             self.core.handle(cmd.Tick(now))
         for chunk, audio in self.pacer.due(now):
             self._send_chunk(out, chunk, audio)
+            self.core.handle(cmd.OutputDelivered(chunk.start_sample + chunk.n_samples))
         played = self.pacer.played(now)
         if played > self.core.played_samples:
             self.core.handle(cmd.PlaybackAcknowledged(played))
@@ -824,41 +781,47 @@ class RealtimeProtocol:
 
     def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, audio: np.ndarray) -> None:
         r = self.response
-        if self.media_track:
+        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+        if r.settings.audio and self.media_track:
             if not r.audio_started:
                 r.audio_started = True
                 self._emit(out, "output_audio_buffer.started", response_id=r.id)
             out.append(PlayAudio(chunk.start_sample, audio))
-        elif "audio" in self.output_modalities and len(audio):
-            self._emit(out, "response.output_audio.delta", response_id=r.id, item_id=r.item.id,
-                       output_index=0, content_index=0,
+        elif r.settings.audio and len(audio):
+            self._emit(out, "response.output_audio.delta", **where,
                        delta=base64.b64encode(self._encode_output(audio)).decode())
         if chunk.text:
             r.transcript.append(chunk.text)
-            self._emit(out, "response.output_audio_transcript.delta", response_id=r.id,
-                       item_id=r.item.id, output_index=0, content_index=0, delta=chunk.text)
+            text_event = ("response.output_audio_transcript.delta" if r.settings.audio
+                          else "response.output_text.delta")
+            self._emit(out, text_event, **where, delta=chunk.text)
 
     def _encode_output(self, audio: np.ndarray) -> bytes:
-        if self.output_format == "audio/pcm":
+        fmt = self.response.settings.output_format
+        if fmt == "audio/pcm":
             return float_to_pcm16(audio)
         pcm8k = np.frombuffer(float_to_pcm16(self._g711_out.process(audio)), dtype="<i2")
-        return (ulaw_encode if self.output_format == "audio/pcmu" else alaw_encode)(pcm8k)
+        return (ulaw_encode if fmt == "audio/pcmu" else alaw_encode)(pcm8k)
 
     def _finish_response(self, out: list[Effect]) -> None:
         r = self.response
         self.core.handle(cmd.ResponseCompleted(r.epoch))
-        transcript = "".join(r.transcript)
-        r.item.transcript = transcript
+        spoken = "".join(r.transcript)
+        r.item.set_spoken(spoken)
         r.item.status = "completed"
-        common = {"response_id": r.id, "item_id": r.item.id, "output_index": 0}
-        self._emit(out, "response.output_audio.done", **common, content_index=0)
-        self._emit(out, "response.output_audio_transcript.done", **common, content_index=0,
-                   transcript=transcript)
-        self._emit(out, "response.content_part.done", **common, content_index=0,
-                   part={"type": "audio", "transcript": transcript})
+        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+        if r.settings.audio:
+            self._emit(out, "response.output_audio.done", **where)
+            self._emit(out, "response.output_audio_transcript.done", **where, transcript=spoken)
+            part = {"type": "audio", "transcript": spoken}
+        else:
+            self._emit(out, "response.output_text.done", **where, text=spoken)
+            part = {"type": "text", "text": spoken}
+        self._emit(out, "response.content_part.done", **where, part=part)
         self._emit(out, "response.output_item.done", response_id=r.id, output_index=0,
                    item=r.item.as_wire())
-        self._emit(out, "conversation.item.done", item=r.item.as_wire())
+        if r.settings.conversation != "none":
+            self._emit(out, "conversation.item.done", item=r.item.as_wire())
         self._emit(out, "response.done", response=self._response_wire("completed"))
         if self.media_track and r.audio_started:
             self._emit(out, "output_audio_buffer.stopped", response_id=r.id)
@@ -888,3 +851,19 @@ def _image_bytes(image_url: str | None) -> bytes:
     except (binascii.Error, ValueError):
         raise ProtocolError("invalid_value", "Invalid value for 'image_url': not valid base64.",
                             "item.content.0.image_url") from None
+
+
+_HANDLERS = {
+    "session.resume": RealtimeProtocol._on_session_resume,
+    "session.update": RealtimeProtocol._on_session_update,
+    "input_audio_buffer.append": RealtimeProtocol._on_input_audio_buffer_append,
+    "input_audio_buffer.commit": RealtimeProtocol._on_input_audio_buffer_commit,
+    "input_audio_buffer.clear": RealtimeProtocol._on_input_audio_buffer_clear,
+    "output_audio_buffer.clear": RealtimeProtocol._on_output_audio_buffer_clear,
+    "conversation.item.create": RealtimeProtocol._on_conversation_item_create,
+    "conversation.item.truncate": RealtimeProtocol._on_conversation_item_truncate,
+    "conversation.item.delete": RealtimeProtocol._on_conversation_item_delete,
+    "conversation.item.retrieve": RealtimeProtocol._on_conversation_item_retrieve,
+    "response.create": RealtimeProtocol._on_response_create,
+    "response.cancel": RealtimeProtocol._on_response_cancel,
+}

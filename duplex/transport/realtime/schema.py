@@ -27,19 +27,31 @@ class TurnDetection(_Loose):
     silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500
     create_response: bool = True
     interrupt_response: bool = True
-    idle_timeout_ms: int | None = None
+    idle_timeout_ms: Annotated[int, Field(ge=5_000, le=30_000)] | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+
+class Transcription(_Loose):
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class NoiseReduction(_Loose):
+    type: Literal["near_field", "far_field"]
 
 
 class AudioInput(_Loose):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | None = None
+    transcription: Transcription | None = None
+    noise_reduction: NoiseReduction | None = None
 
 
 class AudioOutput(_Loose):
     format: AudioFormat | None = None
     voice: str | None = None
-    speed: float | None = None
+    speed: Annotated[float, Field(ge=0.25, le=1.5)] | None = None
 
 
 class Audio(_Loose):
@@ -47,20 +59,58 @@ class Audio(_Loose):
     output: AudioOutput | None = None
 
 
-class SessionConfig(_Loose):
+class Tool(_Loose):
+    type: Literal["function"]
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolChoiceFunction(_Loose):
+    type: Literal["function"]
+    name: str
+
+
+class RetentionRatio(_Loose):
+    type: Literal["retention_ratio"]
+    retention_ratio: Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+MaxTokens = Annotated[int, Field(ge=1, le=4096)] | Literal["inf"]
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
+
+
+class _SessionFields(_Loose):
+    """Fields the GA and beta session objects spell alike."""
+
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    truncation: Literal["auto", "disabled"] | RetentionRatio | None = None
+    duplex_events: bool | None = None
+    """duplex extension: send duplex's own events (per-stage timings)."""
+
+
+class SessionConfig(_SessionFields):
     type: Literal["realtime"] | None = None
     output_modalities: list[Literal["audio", "text"]] | None = None
+    max_output_tokens: MaxTokens | None = None
     audio: Audio | None = None
-    instructions: str | None = None
 
 
-class BetaSessionConfig(_Loose):
+class BetaSessionConfig(_SessionFields):
     modalities: list[Literal["audio", "text"]] | None = None
+    max_response_output_tokens: MaxTokens | None = None
     input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     turn_detection: TurnDetection | None = None
-    instructions: str | None = None
+    input_audio_transcription: Transcription | None = None
+    input_audio_noise_reduction: NoiseReduction | None = None
     voice: str | None = None
+    speed: Annotated[float, Field(ge=0.25, le=1.5)] | None = None
 
 
 class ContentPart(_Loose):
@@ -71,11 +121,68 @@ class ContentPart(_Loose):
     transcript: str | None = None
 
 
-class Item(_Loose):
+class MessageItem(_Loose):
     type: Literal["message"] = "message"
     id: str | None = None
     role: Literal["user", "assistant", "system"]
     content: list[ContentPart]
+
+
+class FunctionCallItem(_Loose):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str = ""
+
+
+class FunctionCallOutputItem(_Loose):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: Annotated[str, Field(min_length=1)]
+    output: str
+
+
+ITEM_TYPES: dict[str, type[_Loose]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+}
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class ResponseAudioOutput(_Loose):
+    format: AudioFormat | None = None
+    voice: str | None = None
+
+
+class ResponseAudio(_Loose):
+    output: ResponseAudioOutput | None = None
+
+
+class _ResponseFields(_Loose):
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    conversation: Literal["auto", "none"] | None = None
+    metadata: Metadata | None = None
+    input: list[dict[str, Any]] | None = None
+
+
+class ResponseParams(_ResponseFields):
+    """`response.create`'s `response` (GA)."""
+
+    output_modalities: list[Literal["audio", "text"]] | None = None
+    max_output_tokens: MaxTokens | None = None
+    audio: ResponseAudio | None = None
+
+
+class BetaResponseParams(_ResponseFields):
+    modalities: list[Literal["audio", "text"]] | None = None
+    max_response_output_tokens: MaxTokens | None = None
+    voice: str | None = None
+    output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
 
 
 class ClientEvent(_Loose):
@@ -92,7 +199,8 @@ class Append(ClientEvent):
 
 
 class ItemCreate(ClientEvent):
-    item: Item
+    item: dict[str, Any]
+    """Validated by its own `type` against ITEM_TYPES, so errors name the item's fields."""
     previous_item_id: str | None = None
 
 
@@ -136,8 +244,22 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
 def first_problem(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     """(param, message) of the first validation error, param dotted as the client wrote it."""
     err = exc.errors()[0]
-    param = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal")))
+    param = ".".join(str(p) for p in err["loc"] if not _is_union_branch(p))
     param = f"{prefix}{param}" if param else prefix.rstrip(".")
     if err["type"] == "missing":
         return param, f"Missing required parameter: '{param}'."
     return param, f"Invalid value for '{param}': {err['msg']}."
+
+
+def _is_union_branch(part: object) -> bool:
+    """pydantic names the union member it tried in the error's location; clients wrote none."""
+    if not isinstance(part, str):
+        return False
+    return part.startswith(("function-", "literal", "constrained-")) or part in _MODEL_NAMES
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {cls, *(c for sub in cls.__subclasses__() for c in _subclasses(sub))}
+
+
+_MODEL_NAMES = {cls.__name__ for cls in _subclasses(_Loose)}

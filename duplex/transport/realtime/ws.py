@@ -58,7 +58,8 @@ class RealtimeSession(SessionLoop):
                  send_text, *, beta: bool = False, session_id: str | None = None,
                  media=None, video_interval_samples: int = RATE // 2,
                  registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
-                 quota: Quota | None = None, metrics: Metrics | None = None) -> None:
+                 quota: Quota | None = None, metrics: Metrics | None = None,
+                 duplex_events: bool = False) -> None:
         # This connection's name in the engine and hub; a resume changes only the protocol's
         # (the registry's) id, so the same session resumed on this node never collides.
         session_id = session_id or "sess_" + secrets.token_hex(8)
@@ -75,6 +76,7 @@ class RealtimeSession(SessionLoop):
             media_track=media is not None,
             video_interval_samples=video_interval_samples,
             resume_token=token,
+            duplex_events=duplex_events,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media
@@ -234,13 +236,15 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
     async def endpoint(ws: WebSocket) -> None:
         await ws.accept(subprotocol=choose_subprotocol(ws.scope.get("subprotocols", [])))
         beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
+        duplex_events = ws.query_params.get("duplex_events", "").lower() in ("1", "true")
         # Set by the auth middleware: who connected, and the limits their messages draw on.
         state = ws.scope.get("state", {})
         principal = state.get("principal")
         session = RealtimeSession(engine_getter(), vad_getter(), limits, model_name, ws.send_text,
                                   beta=beta, registry=registry, heartbeat_s=heartbeat_s,
                                   quota=state.get("quota"), metrics=metrics,
-                                  session_id=principal.session_id if principal else None)
+                                  session_id=principal.session_id if principal else None,
+                                  duplex_events=duplex_events)
         if principal is not None and principal.session:
             session.protocol.configure(principal.session)
         try:

@@ -1,0 +1,126 @@
+"""The Realtime conversation: its items in order, as the client sees them and as a resume
+restores them.
+
+Three kinds of item, as in OpenAI's API: messages (user, assistant, system; one content part
+each here), the model's function calls, and the client's function call outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Item:
+    id: str
+    type: str = "message"
+    """message | function_call | function_call_output"""
+    role: str | None = None
+    content_type: str | None = None
+    """The message's one content part: input_text, input_audio, output_audio, output_text..."""
+    transcript: str | None = None
+    text: str | None = None
+    status: str = "completed"
+    response_id: int | None = None
+    """The session core's response whose audio this assistant item carries."""
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+    def set_spoken(self, text: str) -> None:
+        """The reply's text so far, where its content part keeps it."""
+        if self.content_type == "output_text":
+            self.text = text
+        else:
+            self.transcript = text
+
+    def as_wire(self) -> dict[str, Any]:
+        base: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type,
+                                "status": self.status}
+        if self.type == "function_call":
+            return {**base, "call_id": self.call_id, "name": self.name,
+                    "arguments": self.arguments}
+        if self.type == "function_call_output":
+            return {**base, "call_id": self.call_id, "output": self.output}
+        part: dict[str, Any] = {"type": self.content_type}
+        if self.content_type in ("input_audio", "output_audio"):
+            part["transcript"] = self.transcript
+        else:
+            part["text"] = self.text
+        return {**base, "role": self.role, "content": [part]}
+
+    def record(self) -> dict[str, Any]:
+        """Plain JSON for the session registry; `from_record` reads it back."""
+        out: dict[str, Any] = {"id": self.id, "item_type": self.type, "status": self.status}
+        for name in ("role", "transcript", "text", "call_id", "name", "arguments", "output"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.content_type is not None:
+            out["type"] = self.content_type
+        return out
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Item:
+        status = data.get("status", "completed")
+        return cls(
+            id=data["id"],
+            type=data.get("item_type", "message"),
+            role=data.get("role"),
+            content_type=data.get("type"),
+            transcript=data.get("transcript"),
+            text=data.get("text"),
+            # A reply that was still playing when the connection dropped never finished.
+            status="incomplete" if status == "in_progress" else status,
+            call_id=data.get("call_id"),
+            name=data.get("name"),
+            arguments=data.get("arguments"),
+            output=data.get("output"),
+        )
+
+
+class Conversation:
+    def __init__(self) -> None:
+        self.items: list[Item] = []
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def find(self, item_id: str | None) -> Item | None:
+        return next((i for i in self.items if i.id == item_id), None)
+
+    def of_response(self, core_id: int) -> Item | None:
+        return next((i for i in self.items if i.response_id == core_id), None)
+
+    def append(self, item: Item) -> str | None:
+        """Add `item` at the end; returns the id of the item before it."""
+        previous = self.last_id
+        self.items.append(item)
+        return previous
+
+    def insert(self, item: Item, after: str | None) -> str | None:
+        """Add `item` after the item `after` ("root": first; None: last); returns the id of the
+        item now before it. `after` must exist."""
+        if after is None:
+            return self.append(item)
+        if after == "root":
+            self.items.insert(0, item)
+            return None
+        index = next(i for i, existing in enumerate(self.items) if existing.id == after)
+        self.items.insert(index + 1, item)
+        return after
+
+    def remove(self, item: Item) -> None:
+        self.items.remove(item)
+
+    def replace_all(self, items: list[Item]) -> None:
+        self.items = items

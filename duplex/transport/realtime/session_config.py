@@ -1,0 +1,315 @@
+"""A Realtime session's settings: one typed record, read from the GA or the beta spelling and
+written back in the client's own, whole (as OpenAI echoes the effective session).
+
+An update is validated whole before anything changes: `updated_ga` / `updated_beta` return a
+new `SessionSettings` or raise `ConfigError`, and the old settings stay as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from duplex.media.rates import REALTIME_RATE as RATE
+from duplex.transport.realtime import schema
+
+BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+_FLAT_FORMATS = {v: k for k, v in BETA_FORMATS.items()}
+DEFAULT_VOICE = "alloy"
+
+
+class ConfigError(ValueError):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    instructions: str = ""
+    output_modalities: tuple[str, ...] = ("audio",)
+    input_format: str = "audio/pcm"
+    output_format: str = "audio/pcm"
+    turn_detection: schema.TurnDetection | None = field(
+        default_factory=lambda: schema.TurnDetection(type="server_vad"))
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+    voice: str = DEFAULT_VOICE
+    speed: float = 1.0
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+    temperature: float = 0.8
+    max_output_tokens: int | str = "inf"
+    truncation: str | dict[str, Any] = "auto"
+    duplex_events: bool = False
+    """Send duplex's own events (`duplex.response.timings`); off, so strict clients that check
+    every event against OpenAI's list never meet one."""
+
+    def record(self) -> dict[str, Any]:
+        """Plain JSON for the session registry (a resume restores it with `from_record`)."""
+        out = asdict(self)
+        out["turn_detection"] = _dump(self.turn_detection)
+        return out
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> SessionSettings:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if known.get("turn_detection") is not None:
+            known["turn_detection"] = schema.TurnDetection.model_validate(known["turn_detection"])
+        for name in ("output_modalities", "tools"):
+            if name in known:
+                known[name] = tuple(known[name])
+        return cls(**known)
+
+
+def _dump(model: BaseModel | None) -> dict[str, Any] | None:
+    return None if model is None else model.model_dump(exclude_none=True)
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        param, message = schema.first_problem(exc, prefix)
+        raise ConfigError("invalid_value", message, param) from None
+
+
+def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, Any]:
+    """The fields both spellings name alike."""
+    changes: dict[str, Any] = {}
+    if cfg.instructions is not None:
+        changes["instructions"] = cfg.instructions
+    if cfg.tools is not None:
+        changes["tools"] = tuple(t.model_dump(exclude_none=True) for t in cfg.tools)
+    if cfg.tool_choice is not None:
+        choice = cfg.tool_choice
+        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+    if cfg.temperature is not None:
+        changes["temperature"] = cfg.temperature
+    if cfg.truncation is not None:
+        trunc = cfg.truncation
+        changes["truncation"] = trunc if isinstance(trunc, str) else trunc.model_dump()
+    if cfg.duplex_events is not None:
+        changes["duplex_events"] = cfg.duplex_events
+    return changes
+
+
+def _check_tools(settings: SessionSettings | ResponseSettings, prefix: str) -> None:
+    choice = settings.tool_choice
+    if isinstance(choice, dict):
+        names = [t["name"] for t in settings.tools]
+        if choice["name"] not in names:
+            raise ConfigError(
+                "invalid_value",
+                f"Invalid value for '{prefix}tool_choice.name': no tool named '{choice['name']}' "
+                f"(tools: {', '.join(names) or 'none'}).", f"{prefix}tool_choice.name")
+
+
+def updated_ga(current: SessionSettings, data: dict[str, Any]) -> SessionSettings:
+    for flat in ("input_audio_format", "output_audio_format", "modalities"):
+        if flat in data:
+            raise ConfigError("unknown_parameter",
+                              f"Unknown parameter: 'session.{flat}'. Use session.audio (GA); "
+                              "beta spellings need the OpenAI-Beta: realtime=v1 header.",
+                              f"session.{flat}")
+    cfg: schema.SessionConfig = _validate(schema.SessionConfig, data, "session.")
+    changes = _common(cfg)
+    if cfg.output_modalities is not None:
+        changes["output_modalities"] = tuple(cfg.output_modalities)
+    if cfg.max_output_tokens is not None:
+        changes["max_output_tokens"] = cfg.max_output_tokens
+    audio_in = cfg.audio.input if cfg.audio else None
+    audio_out = cfg.audio.output if cfg.audio else None
+    if audio_in is not None:
+        if audio_in.format is not None:
+            changes["input_format"] = audio_in.format.type
+        if "turn_detection" in audio_in.model_fields_set:
+            changes["turn_detection"] = audio_in.turn_detection
+        if "transcription" in audio_in.model_fields_set:
+            changes["transcription"] = _dump(audio_in.transcription)
+        if "noise_reduction" in audio_in.model_fields_set:
+            changes["noise_reduction"] = _dump(audio_in.noise_reduction)
+    if audio_out is not None:
+        if audio_out.format is not None:
+            changes["output_format"] = audio_out.format.type
+        if audio_out.voice is not None:
+            changes["voice"] = audio_out.voice
+        if audio_out.speed is not None:
+            changes["speed"] = audio_out.speed
+    new = replace(current, **changes)
+    _check_tools(new, "session.")
+    return new
+
+
+def updated_beta(current: SessionSettings, data: dict[str, Any]) -> SessionSettings:
+    cfg: schema.BetaSessionConfig = _validate(schema.BetaSessionConfig, data, "session.")
+    changes = _common(cfg)
+    if cfg.modalities is not None:
+        changes["output_modalities"] = tuple(cfg.modalities)
+    if cfg.max_response_output_tokens is not None:
+        changes["max_output_tokens"] = cfg.max_response_output_tokens
+    if cfg.input_audio_format is not None:
+        changes["input_format"] = BETA_FORMATS[cfg.input_audio_format]
+    if cfg.output_audio_format is not None:
+        changes["output_format"] = BETA_FORMATS[cfg.output_audio_format]
+    if "turn_detection" in cfg.model_fields_set:
+        changes["turn_detection"] = cfg.turn_detection
+    if "input_audio_transcription" in cfg.model_fields_set:
+        changes["transcription"] = _dump(cfg.input_audio_transcription)
+    if "input_audio_noise_reduction" in cfg.model_fields_set:
+        changes["noise_reduction"] = _dump(cfg.input_audio_noise_reduction)
+    if cfg.voice is not None:
+        changes["voice"] = cfg.voice
+    if cfg.speed is not None:
+        changes["speed"] = cfg.speed
+    new = replace(current, **changes)
+    _check_tools(new, "session.")
+    return new
+
+
+def format_wire(fmt: str) -> dict[str, Any]:
+    return {"type": fmt, "rate": RATE} if fmt == "audio/pcm" else {"type": fmt}
+
+
+def flat_format(fmt: str) -> str:
+    return _FLAT_FORMATS[fmt]
+
+
+def turn_detection_wire(td: schema.TurnDetection | None) -> dict[str, Any] | None:
+    if td is None:
+        return None
+    if td.type == "semantic_vad":
+        return {"type": td.type, "eagerness": td.eagerness or "auto",
+                "create_response": td.create_response,
+                "interrupt_response": td.interrupt_response}
+    return td.model_dump(exclude_none=True, exclude={"eagerness"})
+
+
+def ga_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:
+    out = {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": model,
+        "output_modalities": list(s.output_modalities),
+        "instructions": s.instructions,
+        "tools": list(s.tools),
+        "tool_choice": s.tool_choice,
+        "max_output_tokens": s.max_output_tokens,
+        "truncation": s.truncation,
+        "tracing": None,
+        "prompt": None,
+        "audio": {
+            "input": {
+                "format": format_wire(s.input_format),
+                "transcription": s.transcription,
+                "noise_reduction": s.noise_reduction,
+                "turn_detection": turn_detection_wire(s.turn_detection),
+            },
+            "output": {"format": format_wire(s.output_format), "voice": s.voice,
+                       "speed": s.speed},
+        },
+    }
+    if s.duplex_events:
+        out["duplex_events"] = True
+    return out
+
+
+def beta_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:
+    out = {
+        "id": session_id,
+        "object": "realtime.session",
+        "model": model,
+        "modalities": list(s.output_modalities),
+        "instructions": s.instructions,
+        "voice": s.voice,
+        "speed": s.speed,
+        "input_audio_format": flat_format(s.input_format),
+        "output_audio_format": flat_format(s.output_format),
+        "input_audio_transcription": s.transcription,
+        "input_audio_noise_reduction": s.noise_reduction,
+        "turn_detection": turn_detection_wire(s.turn_detection),
+        "tools": list(s.tools),
+        "tool_choice": s.tool_choice,
+        "temperature": s.temperature,
+        "max_response_output_tokens": s.max_output_tokens,
+        "truncation": s.truncation,
+        "tracing": None,
+    }
+    if s.duplex_events:
+        out["duplex_events"] = True
+    return out
+
+
+@dataclass(frozen=True)
+class ResponseSettings:
+    """What one reply runs with: the session's settings, overridden by `response.create`."""
+
+    output_modalities: tuple[str, ...]
+    output_format: str
+    voice: str
+    instructions: str
+    tools: tuple[dict[str, Any], ...]
+    tool_choice: str | dict[str, Any]
+    temperature: float
+    max_output_tokens: int | str
+    conversation: str = "auto"
+    """"none": an out-of-band reply whose output does not join the conversation."""
+    metadata: dict[str, str] | None = None
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.output_modalities
+
+
+def response_settings(s: SessionSettings, params: dict[str, Any] | None,
+                      beta: bool) -> ResponseSettings:
+    """Resolve a reply's settings; raises ConfigError naming the bad `response.` field."""
+    base = ResponseSettings(
+        output_modalities=s.output_modalities, output_format=s.output_format, voice=s.voice,
+        instructions=s.instructions, tools=s.tools, tool_choice=s.tool_choice,
+        temperature=s.temperature, max_output_tokens=s.max_output_tokens,
+    )
+    if not params:
+        return base
+    model = schema.BetaResponseParams if beta else schema.ResponseParams
+    p = _validate(model, params, "response.")
+    changes: dict[str, Any] = {}
+    if p.instructions is not None:
+        changes["instructions"] = p.instructions
+    if p.tools is not None:
+        changes["tools"] = tuple(t.model_dump(exclude_none=True) for t in p.tools)
+    if p.tool_choice is not None:
+        choice = p.tool_choice
+        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+    if p.conversation is not None:
+        changes["conversation"] = p.conversation
+    if p.metadata is not None:
+        changes["metadata"] = dict(p.metadata)
+    if beta:
+        if p.modalities is not None:
+            changes["output_modalities"] = tuple(p.modalities)
+        if p.max_response_output_tokens is not None:
+            changes["max_output_tokens"] = p.max_response_output_tokens
+        if p.voice is not None:
+            changes["voice"] = p.voice
+        if p.output_audio_format is not None:
+            changes["output_format"] = BETA_FORMATS[p.output_audio_format]
+        if p.temperature is not None:
+            changes["temperature"] = p.temperature
+    else:
+        if p.output_modalities is not None:
+            changes["output_modalities"] = tuple(p.output_modalities)
+        if p.max_output_tokens is not None:
+            changes["max_output_tokens"] = p.max_output_tokens
+        out = p.audio.output if p.audio else None
+        if out is not None and out.voice is not None:
+            changes["voice"] = out.voice
+        if out is not None and out.format is not None:
+            changes["output_format"] = out.format.type
+    resolved = replace(base, **changes)
+    _check_tools(resolved, "response.")
+    return resolved
