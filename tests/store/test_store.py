@@ -19,20 +19,41 @@ from duplex.store import (
 from duplex.store.redis_store import RedisStore
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture(params=["memory", "redis"])
 async def store(request):
     if request.param == "memory":
-        s = MemoryStore(tombstone_s=0.4)
+        s = MemoryStore(tombstone_s=0.4, clock=FakeClock())
     else:
+        # Redis expires keys on its own clock, the real one.
         redis = request.getfixturevalue("redis_server")
         s = RedisStore(redis.url, tombstone_s=0.4)
     yield s
     await s.close()
 
 
-def record(epoch=1, owner="a", deadline_in=30.0, conversation=None):
+async def after(store, seconds: float, holds) -> None:
+    """Let `seconds` pass on the store's clock, then wait (with a deadline) until `holds()`:
+    a fake clock jumps at once; Redis's own expiry is waited for."""
+    if isinstance(store.clock, FakeClock):
+        store.clock.now += seconds
+    deadline = time.monotonic() + seconds + 5
+    while not await holds():
+        assert time.monotonic() < deadline, f"still not so {seconds + 5:g} s later"
+        await asyncio.sleep(0.02)
+
+
+def record(epoch=1, owner="a", deadline_in=30.0, conversation=None, now=None):
+    now = time.time() if now is None else now
     return SessionRecord(id="sess_1", owner=owner, epoch=epoch, secret_hash=hash_secret("rt_x"),
-                         deadline=time.time() + deadline_in, created_at=time.time(),
+                         deadline=now + deadline_in, created_at=now,
                          conversation=conversation or [{"id": "item_1", "role": "user"}])
 
 
@@ -76,19 +97,28 @@ async def test_a_missing_record_is_written_again_by_its_owner(store):
 
 
 async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
-    await store.save(record(deadline_in=0.3))
-    await store.put_key(hash_secret("ek_1"), EphemeralKey("key", time.time() + 0.3, "sess_k"))
-    await store.put_key(hash_secret("ek_2"), EphemeralKey("key", time.time() + 0.3, "sess_l"))
+    now = store.clock()
+    await store.save(record(deadline_in=0.3, now=now))
+    await store.put_key(hash_secret("ek_1"), EphemeralKey("key", now + 0.3, "sess_k"))
+    await store.put_key(hash_secret("ek_2"), EphemeralKey("key", now + 0.3, "sess_l"))
     assert (await store.take_key(hash_secret("ek_1"))).session_id == "sess_k"
     assert await store.take_key(hash_secret("ek_1")) is None
-    await asyncio.sleep(0.35)
+
+    async def tombstoned():
+        loaded = await store.load("sess_1")
+        return loaded is not None and loaded.expired and store.clock() >= now + 0.3
+
+    await after(store, 0.35, tombstoned)
     tomb = await store.load("sess_1")
     assert tomb.expired and tomb.conversation == [] and tomb.secret_hash == hash_secret("rt_x")
     assert await store.take_key(hash_secret("ek_2")) is None
     with pytest.raises(SessionNotFound):
         await store.claim("sess_1", "b", 1, time.time() + 30)
-    await asyncio.sleep(0.45)
-    assert await store.load("sess_1") is None
+
+    async def gone():
+        return await store.load("sess_1") is None
+
+    await after(store, 0.45, gone)
     if isinstance(store, RedisStore):
         assert await store.redis.dbsize() == 0
     else:
@@ -96,11 +126,11 @@ async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
 
 
 async def test_registry_resume_codes(store):
-    registry = SessionRegistry(store, "a", retention_s=0.3)
+    registry = SessionRegistry(store, "a", retention_s=0.3, clock=store.clock)
     lease, token = registry.new_lease("sess_r")
     assert token.startswith("rt_") and token not in repr(lease)
     await registry.save(lease, [{"id": "item_1"}], {"instructions": "hi"})
-    other = SessionRegistry(store, "b", retention_s=0.3)
+    other = SessionRegistry(store, "b", retention_s=0.3, clock=store.clock)
     with pytest.raises(ResumeError, match="does not exist") as info:
         await other.resume("sess_nope", token)
     assert info.value.code == "session_not_found"
@@ -112,7 +142,12 @@ async def test_registry_resume_codes(store):
     assert rec.conversation == [{"id": "item_1"}] and rec.config == {"instructions": "hi"}
     with pytest.raises(Fenced):
         await registry.save(lease, [], {})
-    await asyncio.sleep(0.35)
+
+    async def past_retention():
+        loaded = await store.load("sess_r")
+        return loaded.expired or loaded.deadline <= store.clock()
+
+    await after(store, 0.35, past_retention)
     with pytest.raises(ResumeError) as info:
         await other.resume("sess_r", token)
     assert info.value.code == "session_expired"
