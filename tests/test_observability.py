@@ -6,6 +6,7 @@ import contextvars
 import json
 import logging
 import os
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -76,9 +77,10 @@ async def test_server_reports_ttfa_drops_and_logs_json(server_process):
         await ws.send(json.dumps({"type": "response.create"}))
         while json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] != "response.done":
             pass
-    await asyncio.sleep(0.3)
-    text = httpx.get(f"{server.url}/metrics").text
-    assert "duplex_ttfa_seconds_count 1.0" in text
+    deadline = time.monotonic() + 10
+    while "duplex_ttfa_seconds_count 1.0" not in (text := httpx.get(f"{server.url}/metrics").text):
+        assert time.monotonic() < deadline, "the reply's TTFA never reached /metrics"
+        await asyncio.sleep(0.05)
     assert 'duplex_dropped_total{kind="input_audio",reason="faster_than_real_time"} 144000.0' in text
     assert 'duplex_stage_compute_seconds_count{stage="' in text
     server.stop()

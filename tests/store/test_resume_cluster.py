@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -82,6 +83,29 @@ def registry_entry(redis_url, session_id):
     return redis.Redis.from_url(redis_url, decode_responses=True).hgetall(f"duplex:s:{session_id}")
 
 
+async def eventually(holds, what: str, timeout_s: float = 10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (value := holds()):
+        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def heard_words_saved(redis_url, session_id, n):
+    """Wait until the registry holds at least `n` heard words of the assistant's reply."""
+    def saved():
+        entry = registry_entry(redis_url, session_id)
+        items = json.loads(entry.get("conversation", "[]"))
+        heard = [i.get("transcript") or "" for i in items if i.get("role") == "assistant"]
+        return heard and len(heard[-1].split()) >= n
+
+    await eventually(saved, f"{n} heard words in the registry")
+
+
+def active_sessions(server):
+    return httpx.get(f"{server.url}/healthz").json()["active_sessions"]
+
+
 async def test_session_resumes_on_another_node_after_its_node_is_killed(cluster, redis_server):
     a, b = cluster("a"), cluster("b")
     client, session = await new_session(a)
@@ -97,7 +121,7 @@ async def test_session_resumes_on_another_node_after_its_node_is_killed(cluster,
         event = await client.recv()
         if event["type"] == "response.output_audio.delta":
             received += len(base64.b64decode(event["delta"]))
-    await asyncio.sleep(0.5)
+    await heard_words_saved(redis_server.url, session["id"], 5)
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait()
     frames_sent = -(-received // FRAME_BYTES)
@@ -159,7 +183,7 @@ async def test_stale_owner_is_fenced_and_bad_resumes_are_refused(cluster, redis_
     entry = registry_entry(redis_server.url, session["id"])
     assert (entry["owner"], entry["epoch"]) == ("b", "2")
     # A's final save on close was refused too: the record is still B's.
-    await asyncio.sleep(0.3)
+    await eventually(lambda: active_sessions(a) == 0, "node A's session ended")
     assert registry_entry(redis_server.url, session["id"])["owner"] == "b"
     await new.manual_turn(pcm16(0.3, seed=3))
     assert (await new.until("response.done"))[-1]["response"]["status"] == "completed"
@@ -175,11 +199,8 @@ async def test_redis_restart_leaves_sessions_live_and_the_registry_reconciles(cl
     assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
     redis_server.start()
     assert registry_entry(redis_server.url, session["id"]) == {}
-    for _ in range(50):
-        await asyncio.sleep(0.1)
-        entry = registry_entry(redis_server.url, session["id"])
-        if entry:
-            break
+    entry = await eventually(lambda: registry_entry(redis_server.url, session["id"]),
+                             "the owner writes its session again")
     assert entry["owner"] == "a"
     assert [i["role"] for i in json.loads(entry["conversation"])] == ["user", "assistant"]
     await client.ws.close()

@@ -3,7 +3,9 @@
 import asyncio
 import base64
 import json
+import time
 
+import httpx
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
@@ -106,7 +108,11 @@ async def test_sdk_client_resumes_on_the_same_node(server_process):
         await conn.conversation.item.create(item={
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
         added = await conn.recv()
-    await asyncio.sleep(0.2)
+    # The registry keeps what the session held when its connection ended.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/healthz").json()["active_sessions"]:
+        assert time.monotonic() < deadline, "the first connection's session never ended"
+        await asyncio.sleep(0.05)
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.send({"type": "session.resume", "session_id": session_id,
