@@ -1,0 +1,55 @@
+"""Batched speech detection gives each session what it would get alone, and what silero's own
+streaming API gives."""
+
+import numpy as np
+import torch
+
+from duplex.bench.synth import babble
+from duplex.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadStream
+
+
+def signals():
+    """Speech, silence, speech after silence and noise, of different lengths."""
+    rng = np.random.default_rng(7)
+    speech = babble(VAD_RATE * 2, rate=VAD_RATE, seed=1)
+    late = np.concatenate([np.zeros(VAD_RATE // 2, np.float32),
+                           babble(VAD_RATE, rate=VAD_RATE, seed=2)])
+    return [speech, np.zeros(VAD_RATE, np.float32), late,
+            (rng.standard_normal(VAD_RATE * 3 // 2) * 0.05).astype(np.float32)]
+
+
+def alone(vad, signal, piece):
+    stream, probs = VadStream(), []
+    for start in range(0, len(signal), piece):
+        probs += vad.process([stream], [signal[start:start + piece]])[0]
+    return probs
+
+
+def test_batched_probabilities_equal_each_stream_alone_whatever_the_framing():
+    vad = SileroVAD()
+    sigs = signals()
+    expected = [alone(vad, s, VAD_CHUNK) for s in sigs]
+    assert [len(p) for p in expected] == [len(s) // VAD_CHUNK for s in sigs]
+    assert max(expected[0]) > 0.9 and max(expected[1]) < 0.1
+    # All four together, fed in 20 ms network frames that do not line up with VAD chunks.
+    streams, got = [VadStream() for _ in sigs], [[] for _ in sigs]
+    frame = VAD_RATE // 50
+    for start in range(0, max(len(s) for s in sigs), frame):
+        out = vad.process(streams, [s[start:start + frame] for s in sigs])
+        for i, probs in enumerate(out):
+            got[i] += probs
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-5)
+
+
+def test_one_stream_matches_silero_s_own_streaming_model():
+    from silero_vad import load_silero_vad
+
+    reference = load_silero_vad(onnx=False)
+    vad = SileroVAD()
+    speech = signals()[2]
+    ours = alone(vad, speech, VAD_CHUNK)
+    with torch.inference_mode():
+        theirs = [float(reference(torch.from_numpy(speech[i:i + VAD_CHUNK]), VAD_RATE))
+                  for i in range(0, len(speech) - VAD_CHUNK + 1, VAD_CHUNK)]
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
