@@ -1,13 +1,9 @@
 """The stage graph: per-stage queues, cross-session batching, state lifecycle, admission."""
 
-from duplex.engine.engine import AdmissionRefused, Engine, EngineConfig, set_torch_threads
-from duplex.engine.process import (
-    ChildSpec,
-    EngineProcess,
-    EngineStartFailed,
-    ModelInfo,
-    start_engine,
-)
+from duplex.engine.client import AdmissionRefused, EngineClient, ModelInfo
+from duplex.engine.core import EngineConfig
+from duplex.engine.engine import Engine, set_torch_threads
+from duplex.engine.process import ChildSpec, EngineProcess, EngineStartFailed, start_engine
 from duplex.engine.scheduler import (
     AudioOut,
     ResponseFinished,
@@ -23,6 +19,7 @@ __all__ = [
     "AudioOut",
     "ChildSpec",
     "Engine",
+    "EngineClient",
     "EngineConfig",
     "EngineProcess",
     "EngineStartFailed",

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from duplex.engine.payload import INPUT_KINDS, Kind, Payload
+from models.base import TalkerFrame, ThinkerToken
 
 
 class Stage(StrEnum):
@@ -66,6 +67,33 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not self.begin and not self.batches
+
+
+@dataclass
+class StageResults:
+    """What each stage's batched call returned, in the order of that stage's plan entries."""
+
+    encoded: list[Any] = field(default_factory=list)
+    """Features of audio chunks (ENCODE)."""
+    seen: list[Any] = field(default_factory=list)
+    """Features of camera frames (VISION)."""
+    prefilled: list[None] = field(default_factory=list)
+    tokens: list[ThinkerToken] = field(default_factory=list)
+    frames: list[TalkerFrame] = field(default_factory=list)
+    pcm: list[Any] = field(default_factory=list)
+    """Float32 audio per codec call (CODEC)."""
+
+    def put(self, stage: Stage, out: list[Any]) -> None:
+        setattr(self, _RESULT_FIELD[stage], out)
+
+    def of(self, stage: Stage) -> list[Any]:
+        return getattr(self, _RESULT_FIELD[stage])
+
+
+_RESULT_FIELD = {
+    Stage.ENCODE: "encoded", Stage.VISION: "seen", Stage.PREFILL: "prefilled",
+    Stage.THINKER: "tokens", Stage.TALKER: "frames", Stage.CODEC: "pcm",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,73 +365,77 @@ class Scheduler:
         return sq
 
     def update(
-        self, plan: StepPlan, results: dict[Stage, list[Any]], now: float, version: str
+        self, plan: StepPlan, results: StageResults, now: float, version: str
     ) -> list[AudioOut | ResponseFinished | ResponseTimings]:
         out: list[AudioOut | ResponseFinished | ResponseTimings] = []
         for batch in plan.batches:
-            for e, result in zip(batch.entries, results[batch.stage], strict=True):
-                output_path = batch.stage in (Stage.THINKER, Stage.TALKER, Stage.CODEC)
+            output_path = batch.stage in (Stage.THINKER, Stage.TALKER, Stage.CODEC)
+            ends_reply = batch.stage in (Stage.TALKER, Stage.CODEC)
+            apply = _APPLY_RESULT[batch.stage]
+            for e, result in zip(batch.entries, results.of(batch.stage), strict=True):
                 sq = self.owner(e, output_path=output_path)
                 if sq is None:
                     continue
-                self._apply(batch.stage, sq, e, result, now, version, out)
+                apply(self, sq, e, result, now, version, out)
+                if ends_reply:
+                    self._maybe_finished(sq, out)
         return out
 
-    def _apply(self, stage, sq, e, result, now, version, out) -> None:
+    def _features_ready(self, sq, e, result, now, version, out) -> None:
+        """Encoded input takes its place among the features by its input sequence number."""
         p = e.payload
-        if stage in (Stage.ENCODE, Stage.VISION):
-            features = sq.queues[Kind.FEATURES]
-            at = next((i for i, f in enumerate(features) if f.seq > p.seq), len(features))
-            features.insert(
-                at,
-                Payload(
-                    sq.session_id, p.epoch, Kind.FEATURES, result, p.seq,
-                    p.media_start, p.media_end, version, enqueued_at=now,
-                ),
-            )
-        elif stage is Stage.PREFILL:
-            sq.prefilled_seq = p.seq + 1
-        elif stage is Stage.THINKER:
-            r = sq.response
-            sq.queues[Kind.TOKENS].append(
-                Payload(
-                    sq.session_id, sq.epoch, Kind.TOKENS, result, r.out_seq, 0, 0, version,
-                    final=result.finished, text=result.text, enqueued_at=now,
-                )
-            )
-            r.thinker_done = result.finished
-            if r.first_token_at is None:
-                r.first_token_at = now
-        elif stage is Stage.TALKER:
-            r = sq.response
-            text = p.text if p is not None else ""
-            if result.codes is not None:
-                if r.first_codes_at is None:
-                    r.first_codes_at = now
-                sq.queues[Kind.CODES].append(
-                    Payload(
-                        sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0,
-                        version, final=result.finished, text=text, enqueued_at=now,
-                    )
-                )
-                r.out_seq += 1
-            r.talker_done = result.finished
-        elif stage is Stage.CODEC:
-            r = sq.response
-            if len(result):
-                if r.first_audio_at is None:
-                    r.first_audio_at = now
-                    out.append(self._timings(sq, r, now))
-                out.append(
-                    AudioOut(sq.session_id, sq.epoch, p.seq, result, p.text, r.emitted_samples)
-                )
-                r.emitted_samples += len(result)
+        features = sq.queues[Kind.FEATURES]
+        at = next((i for i, f in enumerate(features) if f.seq > p.seq), len(features))
+        features.insert(at, Payload(sq.session_id, p.epoch, Kind.FEATURES, result, p.seq,
+                                    p.media_start, p.media_end, version, enqueued_at=now))
+
+    def _prefilled(self, sq, e, result, now, version, out) -> None:
+        sq.prefilled_seq = e.payload.seq + 1
+
+    def _token(self, sq, e, result: ThinkerToken, now, version, out) -> None:
         r = sq.response
-        if (
-            stage in (Stage.TALKER, Stage.CODEC)
-            and r is not None
-            and r.talker_done
-            and not sq.queues[Kind.CODES]
-        ):
+        sq.queues[Kind.TOKENS].append(Payload(
+            sq.session_id, sq.epoch, Kind.TOKENS, result, r.out_seq, 0, 0, version,
+            final=result.finished, text=result.text, enqueued_at=now))
+        r.thinker_done = result.finished
+        if r.first_token_at is None:
+            r.first_token_at = now
+
+    def _codes(self, sq, e, result: TalkerFrame, now, version, out) -> None:
+        r = sq.response
+        if result.codes is not None:
+            if r.first_codes_at is None:
+                r.first_codes_at = now
+            sq.queues[Kind.CODES].append(Payload(
+                sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0, version,
+                final=result.finished, text=e.payload.text if e.payload is not None else "",
+                enqueued_at=now))
+            r.out_seq += 1
+        r.talker_done = result.finished
+
+    def _audio(self, sq, e, result, now, version, out) -> None:
+        r = sq.response
+        if len(result):
+            if r.first_audio_at is None:
+                r.first_audio_at = now
+                out.append(self._timings(sq, r, now))
+            out.append(AudioOut(sq.session_id, sq.epoch, e.payload.seq, result, e.payload.text,
+                                r.emitted_samples))
+            r.emitted_samples += len(result)
+
+    @staticmethod
+    def _maybe_finished(sq: SessionQueues, out: list) -> None:
+        r = sq.response
+        if r is not None and r.talker_done and not sq.queues[Kind.CODES]:
             out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples))
             sq.response = None
+
+
+_APPLY_RESULT = {
+    Stage.ENCODE: Scheduler._features_ready,
+    Stage.VISION: Scheduler._features_ready,
+    Stage.PREFILL: Scheduler._prefilled,
+    Stage.THINKER: Scheduler._token,
+    Stage.TALKER: Scheduler._codes,
+    Stage.CODEC: Scheduler._audio,
+}

@@ -17,6 +17,7 @@ from duplex.engine import (
     ResponseFinished,
     SchedulerConfig,
 )
+from duplex.engine.client import admit
 from models.echo import EchoModel
 
 
@@ -168,13 +169,49 @@ def test_admission_refuses_past_max_sessions_naming_the_limit(engine):
 
 
 def test_admission_refuses_when_load_would_pass_real_time():
-    # The measured load is set by hand here: an engine process would overwrite it on its next
-    # report. Both kinds admit through the same rule.
-    engine = start("thread", EngineConfig(max_sessions=8))
+    # Both engines admit through this one rule, against the load their core last reported.
+    config = EngineConfig(max_sessions=8)
+    admit(1, 0.4, config)
+    with pytest.raises(AdmissionRefused, match=r"engine.max_load=85%") as info:
+        admit(1, 0.6, config)
+    assert info.value.limit == "engine.max_load"
+
+
+def test_a_payload_of_another_dtype_fails_its_session_instead_of_computing():
+    from duplex.engine import SessionFailed
+    from duplex.engine import messages as m
+    from duplex.engine.core import EngineCore
+
+    failed = []
+    done = threading.Event()
+
+    def emit(output):
+        if isinstance(output, SessionFailed):
+            failed.append(output)
+            done.set()
+
+    core = EngineCore(EchoModel(), EngineConfig(max_sessions=2), emit)
+    core.start()
     try:
-        engine.open("a", Collector())
-        engine.load = 0.6
-        with pytest.raises(AdmissionRefused, match=r"engine.max_load=85%"):
-            engine.open("b", Collector())
+        core.submit(m.OpenSession("ints"))
+        core.submit(m.PushAudio("ints", np.zeros(EchoModel().input_chunk_samples, np.int16)))
+        core.submit(m.Commit("ints", 0, time.monotonic()))
+        assert done.wait(5)
+        assert failed[0].session_id == "ints" and "int16, not float32" in failed[0].message
     finally:
-        engine.stop()
+        core.stop()
+
+
+def test_a_payload_of_another_model_version_is_refused_at_its_stage():
+    from duplex.engine import messages as m
+    from duplex.engine.core import EngineCore, PayloadMismatch
+
+    core = EngineCore(EchoModel(), EngineConfig(max_sessions=2), lambda output: None)
+    core.submit(m.OpenSession("old"))
+    core._apply_requests(block_s=0)  # stepped here, not on a thread: the test owns the core
+    now = time.monotonic()
+    core.scheduler.push_input("old", np.zeros(EchoModel().input_chunk_samples, np.float32),
+                              now, "an-older-echo")
+    core.scheduler.commit("old", 0, now)
+    with pytest.raises(PayloadMismatch, match="of model 'an-older-echo'"):
+        core._step(core.scheduler.schedule(now), now)

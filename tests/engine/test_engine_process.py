@@ -41,7 +41,7 @@ def test_a_call_that_raises_in_the_child_is_answered_and_the_engine_serves_on():
     engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
     engine.start()
     try:
-        with pytest.raises(RuntimeError, match=r"new_state failed in the engine process: TypeError"):
+        with pytest.raises(RuntimeError, match=r"new_state failed in the engine: TypeError"):
             engine.query("new_state")
         finished = threading.Event()
         engine.open("a", lambda e: isinstance(e, ResponseFinished) and finished.set())

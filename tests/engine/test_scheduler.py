@@ -11,8 +11,16 @@ from duplex.engine.scheduler import (
     Scheduler,
     SchedulerConfig,
     Stage,
+    StageResults,
 )
 from models.base import TalkerFrame, ThinkerToken
+
+
+def results_of(by_stage):
+    results = StageResults()
+    for stage, out in by_stage.items():
+        results.put(stage, out)
+    return results
 
 
 def stages(plan):
@@ -48,10 +56,10 @@ def test_reply_begins_only_after_committed_input_is_prefilled():
     s.commit("a", 0)
     plan = s.schedule(0.0)
     assert stages(plan) == {Stage.ENCODE: ["a"]} and not plan.begin
-    s.update(plan, {Stage.ENCODE: ["feat"]}, 0.0, "v")
+    s.update(plan, results_of({Stage.ENCODE: ["feat"]}), 0.0, "v")
     plan = s.schedule(0.0)
     assert stages(plan) == {Stage.PREFILL: ["a"]} and not plan.begin
-    s.update(plan, {Stage.PREFILL: [None]}, 0.0, "v")
+    s.update(plan, results_of({Stage.PREFILL: [None]}), 0.0, "v")
     plan = s.schedule(0.0)
     assert [e.session_id for e in plan.begin] == ["a"]
     assert stages(plan) == {}
@@ -76,7 +84,7 @@ def run_reply(s, sid, tokens):
                 results[b.stage] = [np.zeros(1920, np.float32) for _ in b.entries]
             else:
                 results[b.stage] = [None for _ in b.entries]
-        out += s.update(plan, results, 0.0, "v")
+        out += s.update(plan, results_of(results), 0.0, "v")
         if out and isinstance(out[-1], ResponseFinished):
             return out
     raise AssertionError("reply never finished")
@@ -104,7 +112,7 @@ def test_cancel_drops_reply_payloads_but_keeps_user_input():
     s.add_session("a")
     begin(s, "a")
     plan = s.schedule(0.0)
-    s.update(plan, {Stage.THINKER: [ThinkerToken("x", None, False)]}, 0.0, "v")
+    s.update(plan, results_of({Stage.THINKER: [ThinkerToken("x", None, False)]}), 0.0, "v")
     s.push_input("a", np.zeros(480, np.float32), 0.0, "v")
     s.cancel("a", 1)
     sq = s.sessions["a"]
@@ -119,7 +127,7 @@ def test_results_planned_before_a_cancel_are_dropped_not_routed():
     begin(s, "a")
     plan = s.schedule(0.0)
     s.cancel("a", 1)
-    out = s.update(plan, {Stage.THINKER: [ThinkerToken("late", None, False)]}, 0.0, "v")
+    out = s.update(plan, results_of({Stage.THINKER: [ThinkerToken("late", None, False)]}), 0.0, "v")
     assert out == [] and not s.sessions["a"].queues[Kind.TOKENS]
     assert s.drops[-1].reason == "stale_epoch"
 
@@ -131,7 +139,7 @@ def test_a_reused_slot_never_receives_the_previous_owners_result():
     plan = s.schedule(0.0)
     s.remove_session("old")
     assert s.add_session("new") == 0
-    s.update(plan, {Stage.ENCODE: ["old's features"]}, 0.0, "v")
+    s.update(plan, results_of({Stage.ENCODE: ["old's features"]}), 0.0, "v")
     assert not s.sessions["new"].queues[Kind.FEATURES]
     assert s.drops[-1].reason == "slot_reassigned"
 
@@ -184,13 +192,13 @@ def test_input_enters_the_thinker_in_arrival_order_across_audio_and_video():
     s.push_frame("a", np.zeros((4, 4, 3), np.uint8), 0.0, "v")  # seq 1, due at t=1
     plan = s.schedule(1.0)
     assert stages(plan) == {Stage.VISION: ["a"]}
-    s.update(plan, {Stage.VISION: ["frame features"]}, 0.0, "v")
+    s.update(plan, results_of({Stage.VISION: ["frame features"]}), 0.0, "v")
     assert Stage.PREFILL not in stages(s.schedule(1.0))  # seq 0 is not encoded yet
     plan = s.schedule(1.5)
-    s.update(plan, {Stage.ENCODE: ["audio features"]}, 0.0, "v")
+    s.update(plan, results_of({Stage.ENCODE: ["audio features"]}), 0.0, "v")
     order = []
     for _ in range(2):
         plan = s.schedule(0.0)
         order += [e.payload.data for b in plan.batches if b.stage is Stage.PREFILL for e in b.entries]
-        s.update(plan, {b.stage: [None] * len(b.entries) for b in plan.batches}, 0.0, "v")
+        s.update(plan, results_of({b.stage: [None] * len(b.entries) for b in plan.batches}), 0.0, "v")
     assert order == ["audio features", "frame features"]

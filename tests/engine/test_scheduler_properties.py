@@ -5,8 +5,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from duplex.engine.payload import INPUT_KINDS, Kind
-from duplex.engine.scheduler import AudioOut, EngineFull, Scheduler, SchedulerConfig, Stage
+from duplex.engine.scheduler import (
+    AudioOut,
+    EngineFull,
+    Scheduler,
+    SchedulerConfig,
+    Stage,
+    StageResults,
+)
 from models.base import TalkerFrame, ThinkerToken
+
+
+def results_of(by_stage):
+    results = StageResults()
+    for stage, out in by_stage.items():
+        results.put(stage, out)
+    return results
 
 SESSIONS = st.sampled_from(["a", "b", "c"])
 ops = st.one_of(
@@ -74,7 +88,7 @@ def test_plans_are_consistent_and_stale_work_never_surfaces(script):
             if sid in s.sessions:  # something happens between planning and results
                 s.cancel(sid, s.sessions[sid].epoch + 1)
             epochs = {k: sq.epoch for k, sq in s.sessions.items()}
-            for event in s.update(plan, fake_results(plan, op[1]), now, "v"):
+            for event in s.update(plan, results_of(fake_results(plan, op[1])), now, "v"):
                 assert event.session_id in s.sessions
                 assert event.epoch == epochs[event.session_id]
                 if isinstance(event, AudioOut):

@@ -1,0 +1,291 @@
+"""The engine core: one worker thread that applies requests in order, plans a step, runs each
+stage as one batched model call across sessions, and emits what comes out.
+
+It knows nothing of callers: requests arrive through `submit` (from any thread), outputs leave
+through the `emit` callable it was given, on the worker thread. Admission, framing and the
+bytes-held mirror are the caller side's (client.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from duplex.engine import messages as m
+from duplex.engine.payload import Kind, Payload
+from duplex.engine.scheduler import (
+    EngineFull,
+    Entry,
+    Scheduler,
+    SchedulerConfig,
+    SessionFailed,
+    Stage,
+    StageResults,
+    StepPlan,
+)
+from duplex.engine.stats import EngineStats
+from models.base import DuplexModel, ModelState
+
+log = logging.getLogger("duplex.engine")
+
+REPORT_S = 0.25
+"""How often the core reports what it holds, besides after every barrier."""
+
+
+@dataclass
+class EngineConfig:
+    max_sessions: int = 64
+    max_load: float = 0.85
+    """Busy fraction of the engine loop above which new sessions are refused."""
+    batching: bool = True
+    """False runs one model call per session per stage: the per-session baseline."""
+    scheduler: SchedulerConfig | None = None
+
+
+class PayloadMismatch(Exception):
+    """A payload reached a stage it was not made for: another model version, or data of the
+    wrong type. Computing on it would give a wrong answer quietly; the sessions fail instead."""
+
+
+_INPUT_DTYPES = {Kind.PCM_IN: "float32", Kind.FRAME_IN: "uint8"}
+
+
+class EngineCore:
+    def __init__(self, model: DuplexModel, config: EngineConfig,
+                 emit: Callable[[m.Output], None]) -> None:
+        self.model = model
+        self.config = config
+        self.emit = emit
+        base = config.scheduler or SchedulerConfig()
+        self.scheduler = Scheduler(config.max_sessions, replace(
+            base, output_rate=model.output_rate,
+            token_lead=min(base.token_lead, model.max_thinker_lead)))
+        self.version = model.name
+        self.stats = EngineStats()
+        self.load = 0.0
+        self._states: dict[str, ModelState] = {}
+        self._bytes: dict[str, int] = {}
+        self._requests: queue.SimpleQueue[m.Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._last_report = 0.0
+
+    # -- any thread -------------------------------------------------------------------------
+
+    def submit(self, request: m.Request) -> None:
+        self._requests.put(request)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="duplex-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._requests.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- worker thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("the engine core stopped")
+            self._report(alive=False)
+        finally:
+            for sid in list(self._states):
+                self._free(sid)
+
+    def _loop(self) -> None:
+        window_start = time.monotonic()
+        window_busy = 0.0
+        while not self._stopping.is_set():
+            idle = not any(sq.response for sq in self.scheduler.sessions.values())
+            self._apply_requests(block_s=0.05 if idle else 0.002)
+            start = time.monotonic()
+            plan = self.scheduler.schedule(start)
+            if not plan.empty:
+                try:
+                    self._step(plan, start)
+                except Exception as exc:
+                    log.exception("engine step failed; closing the sessions in it")
+                    self._fail(plan, f"{type(exc).__name__}: {exc}")
+                window_busy += time.monotonic() - start
+            now = time.monotonic()
+            if now - window_start >= 1.0:
+                self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
+                self.stats.busy_s += window_busy
+                window_start, window_busy = now, 0.0
+            if now - self._last_report >= REPORT_S:
+                self._report()
+
+    def _fail(self, plan: StepPlan, message: str) -> None:
+        failed = {e.session_id for b in plan.batches for e in b.entries}
+        failed |= {e.session_id for e in plan.begin}
+        for sid in failed:
+            self.emit(SessionFailed(sid, message))
+            self._close(m.CloseSession(sid))
+
+    def _report(self, alive: bool = True) -> None:
+        self._last_report = time.monotonic()
+        drops, self.scheduler.drops = self.scheduler.drops, []
+        self.emit(m.Report(dict(self._bytes), drops, self.stats.take(), self.load,
+                           self.stats.busy_s, alive))
+
+    def _apply_requests(self, block_s: float) -> None:
+        try:
+            request = self._requests.get(timeout=block_s)
+        except queue.Empty:
+            return
+        while request is not None:
+            # A request for a session closed (or never opened) on its way here is moot.
+            if not isinstance(request, m.SESSION_REQUESTS) or request.session_id in self._states:
+                try:
+                    _APPLY[type(request)](self, request)
+                except Exception:
+                    # One bad request must not take every session's engine down with it.
+                    log.exception("engine: %s failed", type(request).__name__)
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+
+    def _open(self, r: m.OpenSession) -> None:
+        try:
+            self.scheduler.add_session(r.session_id)
+        except (EngineFull, KeyError) as exc:
+            self.emit(SessionFailed(r.session_id, str(exc)))
+            return
+        self._states[r.session_id] = self.model.new_state(r.session_id)
+
+    def _close(self, r: m.CloseSession) -> None:
+        if r.session_id in self._states:
+            self.scheduler.remove_session(r.session_id)
+            self._free(r.session_id)
+
+    def _push_audio(self, r: m.PushAudio) -> None:
+        self.scheduler.push_input(r.session_id, r.pcm, time.monotonic(), self.version)
+        self._refresh_bytes(r.session_id)
+
+    def _push_frame(self, r: m.PushFrame) -> None:
+        self.scheduler.push_frame(r.session_id, r.frame, time.monotonic(), self.version)
+        self._refresh_bytes(r.session_id)
+
+    def _push_text(self, r: m.PushText) -> None:
+        self.scheduler.push_text(r.session_id, r.text, time.monotonic(), self.version)
+
+    def _commit(self, r: m.Commit) -> None:
+        self.scheduler.commit(r.session_id, r.epoch, r.at)
+
+    def _clear_input(self, r: m.ClearInput) -> None:
+        self.scheduler.clear_input(r.session_id)
+        self.model.clear_input(self._states[r.session_id])
+        self._refresh_bytes(r.session_id)
+
+    def _cancel(self, r: m.CancelReply) -> None:
+        if r.new_epoch > self.scheduler.sessions[r.session_id].epoch:
+            self.scheduler.cancel(r.session_id, r.new_epoch)
+            self.model.reset_response(self._states[r.session_id])
+            self._refresh_bytes(r.session_id)
+
+    def _barrier(self, r: m.Barrier) -> None:
+        self._report()
+        self.emit(m.Reply(r.token, True))
+
+    def _query(self, r: m.Query) -> None:
+        method = getattr(self.model, r.name, None)
+        try:
+            self.emit(m.Reply(r.token, method() if callable(method) else None))
+        except Exception as exc:
+            self.emit(m.Reply(r.token, None, f"{type(exc).__name__}: {exc}"))
+
+    def _free(self, sid: str) -> None:
+        state = self._states.pop(sid)
+        self.model.free(state)
+        left = self.model.bytes_held(state)
+        if left:
+            log.error("model still holds %d bytes of session %s after free", left, sid)
+        self._bytes.pop(sid, None)
+
+    def _refresh_bytes(self, sid: str) -> None:
+        sq = self.scheduler.sessions.get(sid)
+        if sq is not None:
+            self._bytes[sid] = self.model.bytes_held(self._states[sid]) + sq.queued_bytes()
+
+    # -- one step -------------------------------------------------------------------------
+
+    def _step(self, plan: StepPlan, start: float) -> None:
+        for e in plan.begin:
+            self.model.begin_response(self._states[e.session_id])
+        results = StageResults()
+        for batch in plan.batches:
+            st = self.stats.stages[batch.stage.value]
+            for e in batch.entries:
+                if e.payload is not None:
+                    st.queue_ms.append((start - e.payload.enqueued_at) * 1000)
+            groups = [batch.entries] if self.config.batching else [(e,) for e in batch.entries]
+            out: list[Any] = []
+            for entries in groups:
+                t0 = time.monotonic()
+                out += self._call(batch.stage, entries)
+                st.compute_ms.append((time.monotonic() - t0) * 1000)
+                st.batch_sizes.append(len(entries))
+            results.put(batch.stage, out)
+        now = time.monotonic()
+        for event in self.scheduler.update(plan, results, now, self.version):
+            self.emit(event)
+        for sid in {e.session_id for b in plan.batches for e in b.entries}:
+            self._refresh_bytes(sid)
+
+    def _call(self, stage: Stage, entries: tuple[Entry, ...]) -> list[Any]:
+        model = self.model
+        states = [self._states[e.session_id] for e in entries]
+        if stage is Stage.THINKER:
+            return model.thinker_decode(states)
+        if stage is Stage.TALKER:
+            return model.talker_step(states, [self._data(e.payload) if e.payload else None
+                                              for e in entries])
+        data = [self._data(e.payload) for e in entries]
+        if stage is Stage.ENCODE:
+            return model.encode_audio(states, data)
+        if stage is Stage.VISION:
+            return model.encode_video(states, data)
+        if stage is Stage.PREFILL:
+            model.thinker_prefill(states, data)
+            return [None] * len(entries)
+        return model.codec_decode(states, data)
+
+    def _data(self, p: Payload) -> Any:
+        if p.version != self.version:
+            raise PayloadMismatch(f"a {p.kind} payload of model {p.version!r} reached model "
+                                  f"{self.version!r}")
+        expected = _INPUT_DTYPES.get(p.kind)
+        if expected is not None and p.dtype != expected:
+            raise PayloadMismatch(f"a {p.kind} payload holds {p.dtype}, not {expected}")
+        return p.data
+
+
+_APPLY: dict[type, Callable[[EngineCore, Any], None]] = {
+    m.OpenSession: EngineCore._open,
+    m.CloseSession: EngineCore._close,
+    m.PushAudio: EngineCore._push_audio,
+    m.PushFrame: EngineCore._push_frame,
+    m.PushText: EngineCore._push_text,
+    m.Commit: EngineCore._commit,
+    m.ClearInput: EngineCore._clear_input,
+    m.CancelReply: EngineCore._cancel,
+    m.Barrier: EngineCore._barrier,
+    m.Query: EngineCore._query,
+}

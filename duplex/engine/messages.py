@@ -1,0 +1,125 @@
+"""What passes between an engine's callers and its core, as typed messages.
+
+Requests go to the core in the order callers make them; outputs come back: the per-session
+events the scheduler produces (AudioOut, ResponseFinished, ResponseTimings, SessionFailed), a
+Report of what the core holds, and Replies to barriers and queries. The in-process engine and
+the engine process carry exactly these messages; only the carrier differs (a queue, or a pipe).
+Modelled on vLLM v1's EngineCoreRequest / EngineCoreOutputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from duplex.engine.scheduler import (
+    AudioOut,
+    Drop,
+    ResponseFinished,
+    ResponseTimings,
+    SessionFailed,
+)
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PushAudio:
+    session_id: str
+    pcm: np.ndarray
+    """One encoder chunk at the model's input rate (the last of a turn may be short)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushFrame:
+    session_id: str
+    frame: np.ndarray
+    """RGB uint8 (H, W, 3), already sampled."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushText:
+    session_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    session_id: str
+    epoch: int
+    at: float
+    """When the reply was asked for (time.monotonic), for its timings."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearInput:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReply:
+    session_id: str
+    new_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Answered with a Report and then a Reply once every request before it is applied."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Call the model's method `name` (no arguments) on the engine's thread; answered with a
+    Reply holding its result. For measurements run while the engine is idle."""
+
+    token: int
+    name: str
+
+
+Request = (
+    OpenSession | PushAudio | PushFrame | PushText | Commit | ClearInput | CancelReply
+    | CloseSession | Barrier | Query
+)
+SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Commit, ClearInput, CancelReply, CloseSession)
+"""Requests about one open session: moot once it is closed."""
+
+# -- outputs ----------------------------------------------------------------------------------
+
+SessionEvent = AudioOut | ResponseFinished | ResponseTimings | SessionFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What the core holds and measured since the last report."""
+
+    bytes_by_session: dict[str, int]
+    drops: list[Drop]
+    stage_samples: dict[str, tuple[list[float], list[float], list[int]]]
+    load: float
+    busy_s: float
+    alive: bool
+    """False in the core's last report, sent as its thread dies of an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    token: int
+    value: Any = None
+    error: str | None = None
+
+
+Output = AudioOut | ResponseFinished | ResponseTimings | SessionFailed | Report | Reply
