@@ -13,19 +13,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
-import secrets
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response
+from starlette.requests import HTTPConnection
 
+from duplex.access.errors import error_response
 from duplex.config import AuthSettings, TelephonySettings
 from duplex.limits import Admission
 from duplex.store import SessionRegistry, StoreUnavailable, hash_secret
-from duplex.transport.realtime.session_config import SessionSettings, ga_session, updated_ga
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 SESSION_PATHS = ("/v1/realtime", "/realtime")
@@ -127,11 +124,6 @@ class Gate:
                    for url in _signed_urls(conn, self.telephony.public_url))
 
 
-def _error_body(status: int, code: str, message: str) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"type": kind, "code": code, "message": message, "param": None}}
-
-
 class AuthMiddleware:
     def __init__(self, app, gate: Gate) -> None:
         self.app = app
@@ -187,7 +179,7 @@ class AuthMiddleware:
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         if status == 401:
             headers["WWW-Authenticate"] = "Bearer"
-        response = JSONResponse(_error_body(status, code, message), status, headers)
+        response = error_response(status, code, message, headers=headers)
         if scope["type"] == "http":
             await response(scope, receive, send)
             return
@@ -217,50 +209,3 @@ async def _buffer_body(receive):
         return await receive()
 
     return body, replay
-
-
-def client_secrets_endpoint(gate: Gate, model_name: str):
-    """POST /v1/realtime/client_secrets: mint a short-lived key that opens one session."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            principal = await gate.authenticate(request, allow_ephemeral=False)
-        except StoreUnavailable:
-            return JSONResponse(_error_body(503, "session_store_unavailable",
-                                            "The session registry cannot be reached."), 503)
-        if principal is None:
-            return JSONResponse(_error_body(401, "invalid_api_key",
-                                            "An API key (not an ephemeral key) is required."),
-                                401, {"WWW-Authenticate": "Bearer"})
-        try:
-            body = json.loads(await request.body() or b"{}")
-            ttl, session = _parse_request(body, gate.auth.ephemeral_key_ttl_s)
-            session_id = "sess_" + secrets.token_hex(8)
-            settings = updated_ga(SessionSettings(), session)
-        except ValueError as exc:
-            return JSONResponse(_error_body(400, "invalid_value", str(exc)), 400)
-        try:
-            value, expires_at = await gate.registry.issue_key(principal.key_id, session_id,
-                                                              session, ttl)
-        except StoreUnavailable:
-            return JSONResponse(_error_body(503, "session_store_unavailable",
-                                            "The session registry cannot be reached."), 503)
-        return JSONResponse({"value": value, "expires_at": int(expires_at),
-                             "session": ga_session(settings, session_id, model_name)})
-
-    return endpoint
-
-
-def _parse_request(body: Any, default_ttl: int) -> tuple[int, dict[str, Any]]:
-    if not isinstance(body, dict):
-        raise ValueError("The body must be a JSON object.")
-    expires = body.get("expires_after") or {}
-    if not isinstance(expires, dict) or expires.get("anchor", "created_at") != "created_at":
-        raise ValueError("expires_after.anchor must be 'created_at'.")
-    ttl = expires.get("seconds", default_ttl)
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 10 <= ttl <= 7200:
-        raise ValueError("expires_after.seconds must be an integer from 10 to 7200.")
-    session = body.get("session") or {}
-    if not isinstance(session, dict):
-        raise ValueError("session must be an object.")
-    return ttl, session

@@ -17,13 +17,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex import __version__
-from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate, client_secrets_endpoint
+from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
 from duplex.config import Settings
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.hub import SessionHub
 from duplex.limits import Admission
 from duplex.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
+from duplex.transport.realtime.client_secrets import client_secrets_endpoint
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.ws import realtime_endpoint
 from duplex.transport.twilio.protocol import Options as TwilioOptions

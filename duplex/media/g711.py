@@ -6,6 +6,8 @@ both agree bit for bit with FFmpeg's pcm_mulaw/pcm_alaw (the tests use PyAV as t
 
 import numpy as np
 
+from duplex.media.pcm import float_to_pcm16
+
 
 def _ulaw_to_linear(code: np.ndarray) -> np.ndarray:
     code = ~code.astype(np.int32) & 0xFF
@@ -74,3 +76,18 @@ def alaw_encode(samples: np.ndarray) -> bytes:
 
 _ULAW_ENCODE = _encoder_table(_ULAW_DECODE, 0xFF)
 _ALAW_ENCODE = _encoder_table(_ALAW_DECODE, 0xD5)
+
+
+_LAWS = {"ulaw": (ulaw_decode, ulaw_encode), "alaw": (alaw_decode, alaw_encode)}
+
+
+def g711_to_float(data: bytes, law: str) -> np.ndarray:
+    """G.711 bytes (`law` "ulaw" or "alaw") -> float32 in [-1, 1), one sample per byte."""
+    decode, _ = _LAWS[law]
+    return decode(data).astype(np.float32) / 32768.0
+
+
+def float_to_g711(samples: np.ndarray, law: str) -> bytes:
+    """Float32 samples -> G.711 bytes, rounded to PCM16 on the way as a telephone line is."""
+    _, encode = _LAWS[law]
+    return encode(np.frombuffer(float_to_pcm16(samples), dtype="<i2"))

@@ -49,3 +49,15 @@ def test_decode_then_encode_is_identity_on_codes(codec, encode, decode, data):
 def test_encode_refuses_float_input():
     with pytest.raises(TypeError):
         ulaw_encode(np.zeros(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("law", ["ulaw", "alaw"])
+def test_float_round_trip_through_g711_stays_within_a_quantisation_step(law):
+    from duplex.media import float_to_g711, g711_to_float
+
+    x = np.sin(np.linspace(0, 20, 800)).astype(np.float32) * 0.5
+    y = g711_to_float(float_to_g711(x, law), law)
+    assert y.dtype == np.float32 and len(y) == len(x)
+    # G.711's steps grow with amplitude; the largest is 1/32 of full scale, so no sample is
+    # more than half of that away.
+    assert np.max(np.abs(y - x)) <= 1 / 64

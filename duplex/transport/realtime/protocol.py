@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import itertools
-import json
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,22 +21,18 @@ from pydantic import ValidationError
 
 from duplex.media import (
     Resampler,
-    alaw_decode,
-    alaw_encode,
+    float_to_g711,
     float_to_pcm16,
+    g711_to_float,
     pcm16_to_float,
-    ulaw_decode,
-    ulaw_encode,
 )
 from duplex.media.pcm import PcmError
 from duplex.media.rates import REALTIME_RATE as RATE
-from duplex.media.rates import VAD_CHUNK, VAD_RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.errors import SessionError
-from duplex.session.pacing import OutputPacer
-from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
+from duplex.transport.core import MediaClock, json_object
 from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
@@ -56,13 +49,12 @@ from duplex.transport.effects import (
 )
 from duplex.transport.realtime import schema
 from duplex.transport.realtime.conversation import Conversation, Item
+from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.session_config import (
     ConfigError,
     ResponseSettings,
     SessionSettings,
     beta_session,
-    flat_format,
-    format_wire,
     ga_session,
     response_settings,
     updated_beta,
@@ -70,16 +62,8 @@ from duplex.transport.realtime.session_config import (
 )
 
 INPUT_TRACK = "input_audio"
+_G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
-_BETA_NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-    "response.output_text.delta": "response.text.delta",
-    "response.output_text.done": "response.text.done",
-    "conversation.item.added": "conversation.item.created",
-}
 
 
 @dataclass(frozen=True)
@@ -106,18 +90,6 @@ class Limits:
     output_lead_ms: int = 200
     max_errors: int = 100
     """Errors one connection may cause before it is closed (1008) as abusive."""
-
-
-@dataclass
-class ActiveResponse:
-    id: str
-    core_id: int
-    epoch: int
-    item: Item
-    settings: ResponseSettings
-    engine_done: bool = False
-    audio_started: bool = False
-    transcript: list[str] = field(default_factory=list)
 
 
 class ProtocolError(Exception):
@@ -154,23 +126,22 @@ class RealtimeProtocol:
         self.model = model
         self.beta = beta
         self.limits = limits or Limits()
-        self.core = Session(session_id, sample_rate=RATE,
-                            video_interval_samples=video_interval_samples)
-        self.model_input_rate = model_input_rate
-        self.model_output_rate = model_output_rate
         self.settings = SessionSettings(duplex_events=duplex_events)
         self.input_samples = 0
-        self.detector = self._new_detector()
-        self._to_model = Resampler(RATE, model_input_rate)
-        self._to_vad = Resampler(RATE, VAD_RATE, quality="QQ")
-        self._from_model = Resampler(model_output_rate, RATE)
+        self.clock = MediaClock(
+            session_id, rate=RATE, model_input_rate=model_input_rate,
+            model_output_rate=model_output_rate,
+            lead_samples=self.limits.output_lead_ms * RATE // 1000,
+            detector=self._new_detector(), video_interval_samples=video_interval_samples,
+        )
+        self.core = self.clock.core
+        self.pacer = self.clock.pacer
         # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
         self._g711_in = Resampler(8000, RATE, quality="QQ")
         self._g711_out = Resampler(RATE, 8000)
-        self._ids = itertools.count(1)
+        self.events = EventWriter(beta)
         self.conversation = Conversation()
         self.response: ActiveResponse | None = None
-        self.pacer: OutputPacer[np.ndarray] = OutputPacer(self.limits.output_lead_ms * RATE // 1000)
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
         self.errors = 0
@@ -180,27 +151,15 @@ class RealtimeProtocol:
     # -- ids and event framing ---------------------------------------------------------------
 
     def _id(self, prefix: str) -> str:
-        return f"{prefix}_{next(self._ids):06d}{secrets.token_hex(4)}"
-
-    def _event(self, type_: str, **fields: Any) -> Send | None:
-        if self.beta:
-            if type_ == "conversation.item.done":
-                return None
-            type_ = _BETA_NAMES.get(type_, type_)
-        return Send({"type": type_, "event_id": self._id("event"), **fields})
+        return self.events.new_id(prefix)
 
     def _emit(self, out: list[Effect], type_: str, **fields: Any) -> None:
-        event = self._event(type_, **fields)
-        if event is not None:
-            out.append(event)
+        self.events.emit(out, type_, **fields)
 
     def _error(self, out: list[Effect], code: str, message: str, param: str | None = None,
                client_event_id: str | None = None, kind: str = "invalid_request_error") -> None:
         self.errors += 1
-        self._emit(out, "error", error={
-            "type": kind, "code": code, "message": message, "param": param,
-            "event_id": client_event_id,
-        })
+        self.events.error(out, kind, code, message, param, client_event_id)
         if self.errors > self.limits.max_errors and not self.closed:
             self.closed = True
             out.append(CloseConnection(1008, f"more than {self.limits.max_errors} errors"))
@@ -213,6 +172,10 @@ class RealtimeProtocol:
     @property
     def turn_detection(self) -> schema.TurnDetection | None:
         return self.settings.turn_detection
+
+    @property
+    def detector(self) -> TurnDetector:
+        return self.clock.detector
 
     def _new_detector(self) -> TurnDetector:
         td = self.turn_detection or schema.TurnDetection(type="server_vad")
@@ -252,13 +215,9 @@ class RealtimeProtocol:
             self.closed = True
             out.append(CloseConnection(1009, "message too large"))
             return out
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            self._error(out, "invalid_json", f"The message is not valid JSON: {exc}.")
-            return out
-        if not isinstance(raw, dict):
-            self._error(out, "invalid_json", "The message must be a JSON object.")
+        raw = json_object(text)
+        if isinstance(raw, str):
+            self._error(out, "invalid_json", f"The message is {raw}.")
             return out
         event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
         type_ = raw.get("type")
@@ -367,7 +326,7 @@ class RealtimeProtocol:
         detection_changed = new.turn_detection != self.settings.turn_detection
         self.settings = new
         if detection_changed:
-            self.detector = self._new_detector()
+            self.clock.detector = self._new_detector()
 
     def _on_input_audio_buffer_append(self, event: schema.Append, out: list[Effect]) -> None:
         self._append_base64(event.audio, "audio", out)
@@ -424,9 +383,7 @@ class RealtimeProtocol:
         self.core.handle(cmd.InputConsumed(INPUT_TRACK, n))
         if n == 0:
             return
-        out.append(EnginePush(self._to_model.process(pcm)))
-        if self.turn_detection is not None:
-            out.append(VadFeed(self._to_vad.process(pcm)))
+        out += self.clock.input_effects(pcm, detect_speech=self.turn_detection is not None)
 
     @property
     def _input_lead_samples(self) -> int:
@@ -436,8 +393,7 @@ class RealtimeProtocol:
         fmt = self.settings.input_format
         if fmt == "audio/pcm":
             return pcm16_to_float(data)
-        decode = ulaw_decode if fmt == "audio/pcmu" else alaw_decode
-        return self._g711_in.process(decode(data).astype(np.float32) / 32768.0)
+        return self._g711_in.process(g711_to_float(data, _G711_LAWS[fmt]))
 
     def _on_input_audio_buffer_commit(self, event: schema.ClientEvent, out: list[Effect]) -> None:
         if self.uncommitted_samples < RATE // 10:
@@ -584,9 +540,7 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.turn_detection is None or self.closed:
             return out
-        chunk = VAD_CHUNK * RATE // VAD_RATE
-        for prob in probs:
-            decision = self.detector.feed(prob, chunk)
+        for decision in self.clock.speech_decisions(probs):
             if isinstance(decision, cmd.SpeechStarted):
                 self._speech_started(out, decision.at_sample)
             elif isinstance(decision, cmd.SpeechStopped):
@@ -640,28 +594,7 @@ class RealtimeProtocol:
         out.append(EngineCommit(started.epoch))
 
     def _response_wire(self, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-        r = self.response
-        rs = r.settings
-        wire: dict[str, Any] = {
-            "id": r.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": [r.item.as_wire()] if status != "in_progress" else [],
-            "conversation_id": None if rs.conversation == "none" else self.conversation_id,
-            "max_output_tokens": rs.max_output_tokens,
-            "metadata": rs.metadata,
-            "usage": None,
-        }
-        if self.beta:
-            wire.update(modalities=list(rs.output_modalities), voice=rs.voice,
-                        output_audio_format=flat_format(rs.output_format),
-                        temperature=rs.temperature)
-        else:
-            wire.update(output_modalities=list(rs.output_modalities),
-                        audio={"output": {"format": format_wire(rs.output_format),
-                                          "voice": rs.voice}})
-        return wire
+        return self.events.response_object(self.response, status, details, self.conversation_id)
 
     @property
     def conversation_id(self) -> str:
@@ -675,13 +608,9 @@ class RealtimeProtocol:
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
         for e in events:
-            if isinstance(e, ev.EpochBumped):
-                out.append(EngineCancel(e.new))
-            elif isinstance(e, ev.Flush):
-                self.pacer.flush()
-                if self.media_track:
-                    out.append(FlushAudio())
-                self._from_model = Resampler(self.model_output_rate, RATE)
+            out += self.clock.cancel_effects(e)
+            if isinstance(e, ev.Flush) and self.media_track:
+                out.append(FlushAudio())
             elif isinstance(e, ev.TranscriptTruncated):
                 record = self._item_of_core(e.response_id)
                 if record is not None:
@@ -698,7 +627,7 @@ class RealtimeProtocol:
                     "cancelled", {"type": "cancelled", "reason": reason, "error": None}))
                 self._emit(out, "output_audio_buffer.cleared", response_id=r.id)
                 self.response = None
-        self.pacer.rewind(self.core.sent_samples)
+        self.clock.settle()
 
     def _item_of_core(self, core_id: int) -> Item | None:
         r = self.response
@@ -713,7 +642,7 @@ class RealtimeProtocol:
         r = self.response
         if r is None or epoch != r.epoch or self.closed:
             return out
-        audio = self._from_model.process(pcm)
+        audio = self.clock.reply_audio(pcm)
         events = self.core.handle(cmd.OutputChunkProduced(epoch, len(audio), text))
         for e in events:
             if isinstance(e, ev.OutputChunk):
@@ -723,12 +652,11 @@ class RealtimeProtocol:
     def on_engine_finished(self, epoch: int) -> list[Effect]:
         r = self.response
         if r is not None and epoch == r.epoch:
-            tail = self._from_model.process(np.zeros(0, np.float32), last=True)
+            tail = self.clock.reply_tail()
             if len(tail):
                 for e in self.core.handle(cmd.OutputChunkProduced(epoch, len(tail), "")):
                     if isinstance(e, ev.OutputChunk):
                         self.pacer.push(e, tail)
-            self._from_model = Resampler(self.model_output_rate, RATE)
             r.engine_done = True
         return []
 
@@ -766,11 +694,8 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.closed:
             return out
-        if now > self.core.now_sample:
-            self.core.handle(cmd.Tick(now))
-        for chunk, audio in self.pacer.due(now):
+        for chunk, audio in self.clock.due(now):
             self._send_chunk(out, chunk, audio)
-            self.core.handle(cmd.OutputDelivered(chunk.start_sample + chunk.n_samples))
         played = self.pacer.played(now)
         if played > self.core.played_samples:
             self.core.handle(cmd.PlaybackAcknowledged(played))
@@ -800,8 +725,7 @@ class RealtimeProtocol:
         fmt = self.response.settings.output_format
         if fmt == "audio/pcm":
             return float_to_pcm16(audio)
-        pcm8k = np.frombuffer(float_to_pcm16(self._g711_out.process(audio)), dtype="<i2")
-        return (ulaw_encode if fmt == "audio/pcmu" else alaw_encode)(pcm8k)
+        return float_to_g711(self._g711_out.process(audio), _G711_LAWS[fmt])
 
     def _finish_response(self, out: list[Effect]) -> None:
         r = self.response

@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
-from duplex.media import Resampler, float_to_pcm16, ulaw_decode, ulaw_encode
+from duplex.media import float_to_g711, g711_to_float
 from duplex.session import commands as cmd
 from duplex.session import events as ev
-from duplex.session.pacing import OutputPacer
-from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
+from duplex.transport.core import MediaClock, json_object
 from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
@@ -44,11 +43,9 @@ from duplex.transport.effects import (
 from duplex.transport.twilio import schema
 
 RATE = 8000
+"""Twilio's mu-law rate, and so the session clock's."""
 FRAME = 160
 """Samples (and mu-law bytes) in one 20 ms media message."""
-VAD_RATE = 16000
-VAD_CHUNK = 512 * RATE // VAD_RATE
-"""Input samples behind each speech probability (silero's 512-sample window at 16 kHz)."""
 INPUT_TRACK = "inbound"
 MULAW_SILENCE = 0xFF
 
@@ -127,22 +124,18 @@ class TwilioProtocol:
         options: Options | None = None,
     ) -> None:
         self.options = options or Options()
-        self.core = Session(session_id, sample_rate=RATE)
-        self.detector = TurnDetector(
-            threshold=self.options.vad_threshold,
-            silence_samples=self.options.silence_ms * RATE // 1000,
+        self.clock = MediaClock(
+            session_id, rate=RATE, model_input_rate=model_input_rate,
+            model_output_rate=model_output_rate,
+            lead_samples=self.options.output_lead_ms * RATE // 1000,
+            detector=TurnDetector(threshold=self.options.vad_threshold,
+                                  silence_samples=self.options.silence_ms * RATE // 1000),
         )
-        self.model_output_rate = model_output_rate
-        self._to_model = Resampler(RATE, model_input_rate)
-        # soxr's HQ filter hands 8 kHz input on in ~100 ms bursts, which would delay every
-        # speech decision (and so every barge-in) by up to a burst; the quick filter passes
-        # each 20 ms frame straight through, and is plenty for a speech/no-speech decision.
-        self._to_vad = Resampler(RATE, VAD_RATE, quality="QQ")
-        self._from_model = Resampler(model_output_rate, RATE)
+        self.core = self.clock.core
+        self.pacer = self.clock.pacer
         self.stream: schema.StartBody | None = None
         self.last_seq = 0
         self.reply: Reply | None = None
-        self.pacer: OutputPacer[bytes] = OutputPacer(self.options.output_lead_ms * RATE // 1000)
         self._pending = np.zeros(0, np.float32)
         """Reply audio at 8 kHz short of a whole frame, waiting for more."""
         self._pending_text = ""
@@ -163,13 +156,9 @@ class TwilioProtocol:
         out: list[Effect] = []
         if self.closed:
             return out
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            self._reject(out, "invalid_json", f"not JSON: {exc}")
-            return out
-        if not isinstance(raw, dict):
-            self._reject(out, "invalid_json", "a message must be a JSON object")
+        raw = json_object(text)
+        if isinstance(raw, str):
+            self._reject(out, "invalid_json", raw)
             return out
         name = raw.get("event")
         model = schema.MESSAGES.get(name) if isinstance(name, str) else None
@@ -181,7 +170,7 @@ class TwilioProtocol:
         except ValidationError as exc:
             self._reject(out, "malformed", f"{name}: {schema.first_problem(exc)}")
             return out
-        getattr(self, "_on_" + name)(message, out)
+        _HANDLERS[name](self, message, out)
         return out
 
     # -- Twilio messages ------------------------------------------------------------------
@@ -243,9 +232,7 @@ class TwilioProtocol:
                       else self._gate_message(reason, msg))
             self._reject(out, reason, f"{detail}; {n} samples dropped")
             return
-        pcm = ulaw_decode(data).astype(np.float32) / 32768.0
-        out.append(EnginePush(self._to_model.process(pcm)))
-        out.append(VadFeed(self._to_vad.process(pcm)))
+        out += self.clock.input_effects(g711_to_float(data, "ulaw"), detect_speech=True)
         self.core.handle(cmd.InputConsumed(INPUT_TRACK, n))
 
     def _on_dtmf(self, msg: schema.Dtmf, out: list[Effect]) -> None:
@@ -297,8 +284,7 @@ class TwilioProtocol:
         out: list[Effect] = []
         if self.closed or self.stream is None:
             return out
-        for prob in probs:
-            decision = self.detector.feed(prob, VAD_CHUNK)
+        for decision in self.clock.speech_decisions(probs):
             if isinstance(decision, cmd.SpeechStarted):
                 out.append(Notice(f"speech started at sample {decision.at_sample}"))
                 # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
@@ -319,13 +305,10 @@ class TwilioProtocol:
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
         for e in events:
-            if isinstance(e, ev.EpochBumped):
-                out.append(EngineCancel(e.new))
-            elif isinstance(e, ev.Flush):
-                self.pacer.flush()
+            out += self.clock.cancel_effects(e)
+            if isinstance(e, ev.Flush):
                 self._pending = self._pending[:0]
                 self._pending_text = ""
-                self._from_model = Resampler(self.model_output_rate, RATE)
                 out.append(Send({"event": "clear", "streamSid": self.stream.streamSid}))
             elif isinstance(e, ev.ResponseCancelled):
                 out.append(Notice(f"response {e.response_id} cancelled ({e.reason}): "
@@ -334,21 +317,20 @@ class TwilioProtocol:
             elif isinstance(e, ev.TranscriptTruncated):
                 out.append(Notice(f"response {e.response_id} transcript truncated at sample "
                                   f"{e.audio_end_sample}: {e.heard_text!r}"))
-        self.pacer.rewind(self.core.sent_samples)
+        self.clock.settle()
 
     # -- engine results and pacing ----------------------------------------------------------
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:
         r = self.reply
         if r is not None and epoch == r.epoch and not self.closed:
-            self._queue(self._from_model.process(pcm), text, last=False)
+            self._queue(self.clock.reply_audio(pcm), text, last=False)
         return []
 
     def on_engine_finished(self, epoch: int) -> list[Effect]:
         r = self.reply
         if r is not None and epoch == r.epoch and not self.closed:
-            self._queue(self._from_model.process(np.zeros(0, np.float32), last=True), "", last=True)
-            self._from_model = Resampler(self.model_output_rate, RATE)
+            self._queue(self.clock.reply_tail(), "", last=True)
             r.engine_done = True
         return []
 
@@ -370,10 +352,9 @@ class TwilioProtocol:
             self._pending, self._pending_text = data, text
             return
         self._pending, self._pending_text = data[n:], ""
-        pcm16 = np.frombuffer(float_to_pcm16(data[:n]), dtype="<i2")
         for e in self.core.handle(cmd.OutputChunkProduced(self.reply.epoch, n, text)):
             if isinstance(e, ev.OutputChunk):
-                self.pacer.push(e, ulaw_encode(pcm16))
+                self.pacer.push(e, float_to_g711(data[:n], "ulaw"))
 
     def release_output(self, now: int) -> list[Effect]:
         """Send the reply audio due at clock sample `now` (at most output_lead ahead), each
@@ -381,9 +362,7 @@ class TwilioProtocol:
         out: list[Effect] = []
         if self.closed:
             return out
-        if now > self.core.now_sample:
-            self.core.handle(cmd.Tick(now))
-        for chunk, payload in self.pacer.due(now):
+        for chunk, payload in self.clock.due(now):
             self._send_chunk(out, chunk, payload)
         r = self.reply
         if r is not None and r.engine_done and not self.pacer:
@@ -437,3 +416,13 @@ class TwilioProtocol:
         summary["input"] = self.core.track(INPUT_TRACK).snapshot()
         summary["released"] = dict(next(e for e in released if isinstance(e, ev.Released)).items)
         return summary
+
+
+_HANDLERS: dict[str, Callable[[TwilioProtocol, Any, list[Effect]], None]] = {
+    "connected": TwilioProtocol._on_connected,
+    "start": TwilioProtocol._on_start,
+    "media": TwilioProtocol._on_media,
+    "dtmf": TwilioProtocol._on_dtmf,
+    "mark": TwilioProtocol._on_mark,
+    "stop": TwilioProtocol._on_stop,
+}

@@ -1,0 +1,127 @@
+"""What every protocol core does around the session core, in one place, and the interface the
+session loop drives them through.
+
+A protocol core (Realtime, Twilio) turns its wire's messages into session commands and
+effects. Around that, each needs the same media plumbing on its session clock: audio on its way
+to the model and to the speech detector, reply audio from the model's rate onto the clock (and
+the resampler's tail at the end of a reply), paced release of that audio, speech decisions from
+speech probabilities, and the engine's side of a barge-in. `MediaClock` holds it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import numpy as np
+
+from duplex.media import Resampler
+from duplex.media.rates import VAD_CHUNK, VAD_RATE
+from duplex.session import commands as cmd
+from duplex.session import events as ev
+from duplex.session.pacing import OutputPacer
+from duplex.session.state import Session
+from duplex.session.turn_detection import TurnDetector
+from duplex.transport.effects import EngineCancel, EnginePush, VadFeed
+
+
+class ProtocolCore(Protocol):
+    """What `SessionLoop` drives: every entry point returns the effects to carry out."""
+
+    def receive_text(self, text: str) -> list[Any]: ...
+
+    def receive_bytes(self, data: bytes) -> list[Any]: ...
+
+    def on_vad(self, probs: list[float]) -> list[Any]: ...
+
+    def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Any]: ...
+
+    def on_engine_finished(self, epoch: int) -> list[Any]: ...
+
+    def on_engine_failed(self, message: str) -> list[Any]: ...
+
+    def release_output(self, now: int) -> list[Any]: ...
+
+
+def json_object(text: str) -> dict[str, Any] | str:
+    """The JSON object a text frame holds, or why it holds none."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        return f"not valid JSON: {exc}"
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    return raw
+
+
+class MediaClock:
+    def __init__(self, session_id: str, *, rate: int, model_input_rate: int,
+                 model_output_rate: int, lead_samples: int, detector: TurnDetector,
+                 video_interval_samples: int | None = None) -> None:
+        self.rate = rate
+        self.core = Session(session_id, sample_rate=rate,
+                            video_interval_samples=video_interval_samples or rate // 2)
+        self.detector = detector
+        self.pacer: OutputPacer[Any] = OutputPacer(lead_samples)
+        self.model_output_rate = model_output_rate
+        self._to_model = Resampler(rate, model_input_rate)
+        # soxr's HQ filter hands narrow-band input on in ~100 ms bursts, which would delay
+        # every speech decision (and so every barge-in) by up to a burst; the quick filter
+        # passes each frame straight through, and is plenty for a speech/no-speech decision.
+        self._to_vad = Resampler(rate, VAD_RATE, quality="QQ")
+        self._from_model = Resampler(model_output_rate, rate)
+        self.vad_chunk = VAD_CHUNK * rate // VAD_RATE
+        """Clock samples behind each speech probability (silero's window at 16 kHz)."""
+
+    # -- input --------------------------------------------------------------------------------
+
+    def input_effects(self, pcm: np.ndarray, *, detect_speech: bool) -> list[EnginePush | VadFeed]:
+        """Float32 on the session clock, on its way to the model and the speech detector."""
+        out: list[EnginePush | VadFeed] = [EnginePush(self._to_model.process(pcm))]
+        if detect_speech:
+            out.append(VadFeed(self._to_vad.process(pcm)))
+        return out
+
+    def speech_decisions(self, probs: list[float]) -> list[cmd.SpeechStarted | cmd.SpeechStopped]:
+        decisions = []
+        for prob in probs:
+            decision = self.detector.feed(prob, self.vad_chunk)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+    # -- output -------------------------------------------------------------------------------
+
+    def reply_audio(self, pcm: np.ndarray) -> np.ndarray:
+        """Model output onto the session clock."""
+        return self._from_model.process(pcm)
+
+    def reply_tail(self) -> np.ndarray:
+        """What the resampler still holds at the end of a reply; the next starts clean."""
+        tail = self._from_model.process(np.zeros(0, np.float32), last=True)
+        self._from_model = Resampler(self.model_output_rate, self.rate)
+        return tail
+
+    def due(self, now: int) -> list[tuple[ev.OutputChunk, Any]]:
+        """Advance the clock to `now`; the chunks due for release, each recorded as delivered."""
+        if now > self.core.now_sample:
+            self.core.handle(cmd.Tick(now))
+        due = self.pacer.due(now)
+        if due:
+            last = due[-1][0]
+            self.core.handle(cmd.OutputDelivered(last.start_sample + last.n_samples))
+        return due
+
+    def cancel_effects(self, event: ev.Event) -> list[EngineCancel]:
+        """The engine's and the pacer's side of a core event: an epoch bump cancels the old
+        epoch's work; a flush drops queued reply audio and the resampler's history of it."""
+        if isinstance(event, ev.EpochBumped):
+            return [EngineCancel(event.new)]
+        if isinstance(event, ev.Flush):
+            self.pacer.flush()
+            self._from_model = Resampler(self.model_output_rate, self.rate)
+        return []
+
+    def settle(self) -> None:
+        """After core events: the pacer resumes from where the output track now ends."""
+        self.pacer.rewind(self.core.sent_samples)
