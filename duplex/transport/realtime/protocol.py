@@ -21,8 +21,6 @@ from pydantic import ValidationError
 
 from duplex.media import (
     Resampler,
-    float_to_g711,
-    float_to_pcm16,
     g711_to_float,
     pcm16_to_float,
 )
@@ -50,6 +48,7 @@ from duplex.transport.effects import (
 from duplex.transport.realtime import schema
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.replies import G711_LAWS, Replies
 from duplex.transport.realtime.session_config import (
     ConfigError,
     ResponseSettings,
@@ -62,7 +61,6 @@ from duplex.transport.realtime.session_config import (
 )
 
 INPUT_TRACK = "input_audio"
-_G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 
 
@@ -138,10 +136,10 @@ class RealtimeProtocol:
         self.pacer = self.clock.pacer
         # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
         self._g711_in = Resampler(8000, RATE, quality="QQ")
-        self._g711_out = Resampler(RATE, 8000)
         self.events = EventWriter(beta)
         self.conversation = Conversation()
-        self.response: ActiveResponse | None = None
+        self.replies = Replies(self.clock, self.events, self.conversation,
+                               media_track=media_track, conversation_id=_conversation_id(session_id))
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
         self.errors = 0
@@ -259,6 +257,7 @@ class RealtimeProtocol:
         Nothing is replayed: items come back as they were heard and no audio is resent."""
         self.session_id = session_id
         self.core.id = session_id
+        self.replies.conversation_id = _conversation_id(session_id)
         self.conversation.replace_all([Item.from_record(i) for i in conversation])
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
@@ -393,7 +392,7 @@ class RealtimeProtocol:
         fmt = self.settings.input_format
         if fmt == "audio/pcm":
             return pcm16_to_float(data)
-        return self._g711_in.process(g711_to_float(data, _G711_LAWS[fmt]))
+        return self._g711_in.process(g711_to_float(data, G711_LAWS[fmt]))
 
     def _on_input_audio_buffer_commit(self, event: schema.ClientEvent, out: list[Effect]) -> None:
         if self.uncommitted_samples < RATE // 10:
@@ -567,109 +566,34 @@ class RealtimeProtocol:
         if self.turn_detection.create_response and self.response is None:
             self._start_response(out, response_settings(self.settings, None, self.beta))
 
-    # -- responses ------------------------------------------------------------------------
-
-    def _start_response(self, out: list[Effect], settings: ResponseSettings) -> None:
-        events = self.core.handle(cmd.StartResponse())
-        started = next(e for e in events if isinstance(e, ev.ResponseStarted))
-        if settings.audio:
-            item = Item(self._id("item"), role="assistant", content_type="output_audio",
-                        transcript="", status="in_progress", response_id=started.response_id)
-            part = {"type": "audio", "transcript": ""}
-        else:
-            item = Item(self._id("item"), role="assistant", content_type="output_text", text="",
-                        status="in_progress", response_id=started.response_id)
-            part = {"type": "text", "text": ""}
-        self.response = r = ActiveResponse(self._id("resp"), started.response_id, started.epoch,
-                                           item, settings)
-        self._emit(out, "response.created", response=self._response_wire("in_progress"))
-        if settings.conversation != "none":
-            previous = self.conversation.append(item)
-            self._emit(out, "conversation.item.added", item=item.as_wire(),
-                       previous_item_id=previous)
-        self._emit(out, "response.output_item.added", response_id=r.id, output_index=0,
-                   item=item.as_wire())
-        self._emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
-                   output_index=0, content_index=0, part=part)
-        out.append(EngineCommit(started.epoch))
-
-    def _response_wire(self, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.events.response_object(self.response, status, details, self.conversation_id)
+    # -- replies: the output side lives in Replies ----------------------------------------
 
     @property
-    def conversation_id(self) -> str:
-        return "conv_" + self.session_id.removeprefix("sess_")
+    def response(self) -> ActiveResponse | None:
+        return self.replies.active
+
+    def _start_response(self, out: list[Effect], settings: ResponseSettings) -> None:
+        self.replies.start(out, settings)
 
     def _cancel(self, out: list[Effect], reason: str) -> None:
-        if self.response is None:
-            return
-        events = self.core.handle(cmd.Cancel(reason))
-        self._apply_core_events(out, events)
+        self.replies.cancel(out, reason)
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
-        for e in events:
-            out += self.clock.cancel_effects(e)
-            if isinstance(e, ev.Flush) and self.media_track:
-                out.append(FlushAudio())
-            elif isinstance(e, ev.TranscriptTruncated):
-                record = self._item_of_core(e.response_id)
-                if record is not None:
-                    record.set_spoken(e.heard_text)
-            elif isinstance(e, ev.ResponseCancelled) and self.response is not None:
-                r = self.response
-                r.item.status = "incomplete"
-                self._emit(out, "response.output_item.done", response_id=r.id, output_index=0,
-                           item=r.item.as_wire())
-                if r.settings.conversation != "none":
-                    self._emit(out, "conversation.item.done", item=r.item.as_wire())
-                reason = "turn_detected" if e.reason == "barge_in" else e.reason
-                self._emit(out, "response.done", response=self._response_wire(
-                    "cancelled", {"type": "cancelled", "reason": reason, "error": None}))
-                self._emit(out, "output_audio_buffer.cleared", response_id=r.id)
-                self.response = None
-        self.clock.settle()
-
-    def _item_of_core(self, core_id: int) -> Item | None:
-        r = self.response
-        if r is not None and r.core_id == core_id:
-            return r.item
-        return self.conversation.of_response(core_id)
-
-    # -- engine results and pacing ----------------------------------------------------------
+        self.replies.apply_core_events(out, events)
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:
-        out: list[Effect] = []
-        r = self.response
-        if r is None or epoch != r.epoch or self.closed:
-            return out
-        audio = self.clock.reply_audio(pcm)
-        events = self.core.handle(cmd.OutputChunkProduced(epoch, len(audio), text))
-        for e in events:
-            if isinstance(e, ev.OutputChunk):
-                self.pacer.push(e, audio)
-        return out
+        if not self.closed:
+            self.replies.on_audio(epoch, pcm, text)
+        return []
 
     def on_engine_finished(self, epoch: int) -> list[Effect]:
-        r = self.response
-        if r is not None and epoch == r.epoch:
-            tail = self.clock.reply_tail()
-            if len(tail):
-                for e in self.core.handle(cmd.OutputChunkProduced(epoch, len(tail), "")):
-                    if isinstance(e, ev.OutputChunk):
-                        self.pacer.push(e, tail)
-            r.engine_done = True
+        self.replies.on_finished(epoch)
         return []
 
     def on_engine_failed(self, message: str) -> list[Effect]:
         """The model failed on this session: say so, end any reply, close with 1011."""
         out: list[Effect] = []
-        if self.response is not None:
-            self.pacer.flush()
-            self.response.item.status = "incomplete"
-            self._emit(out, "response.done", response=self._response_wire("failed", {
-                "type": "failed", "reason": None,
-                "error": {"type": "server_error", "code": "model_error"}}))
-            self.response = None
+        self.replies.fail(out)
         self._error(out, "model_error", f"The model failed on this session: {message}",
                     kind="server_error")
         self.closed = True
@@ -692,64 +616,9 @@ class RealtimeProtocol:
     def release_output(self, now: int) -> list[Effect]:
         """Send the reply audio that is due at clock sample `now` (at most output_lead ahead)."""
         out: list[Effect] = []
-        if self.closed:
-            return out
-        for chunk, audio in self.clock.due(now):
-            self._send_chunk(out, chunk, audio)
-        played = self.pacer.played(now)
-        if played > self.core.played_samples:
-            self.core.handle(cmd.PlaybackAcknowledged(played))
-        r = self.response
-        if r is not None and r.engine_done and not self.pacer:
-            self._finish_response(out)
+        if not self.closed:
+            self.replies.release(out, now)
         return out
-
-    def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, audio: np.ndarray) -> None:
-        r = self.response
-        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
-        if r.settings.audio and self.media_track:
-            if not r.audio_started:
-                r.audio_started = True
-                self._emit(out, "output_audio_buffer.started", response_id=r.id)
-            out.append(PlayAudio(chunk.start_sample, audio))
-        elif r.settings.audio and len(audio):
-            self._emit(out, "response.output_audio.delta", **where,
-                       delta=base64.b64encode(self._encode_output(audio)).decode())
-        if chunk.text:
-            r.transcript.append(chunk.text)
-            text_event = ("response.output_audio_transcript.delta" if r.settings.audio
-                          else "response.output_text.delta")
-            self._emit(out, text_event, **where, delta=chunk.text)
-
-    def _encode_output(self, audio: np.ndarray) -> bytes:
-        fmt = self.response.settings.output_format
-        if fmt == "audio/pcm":
-            return float_to_pcm16(audio)
-        return float_to_g711(self._g711_out.process(audio), _G711_LAWS[fmt])
-
-    def _finish_response(self, out: list[Effect]) -> None:
-        r = self.response
-        self.core.handle(cmd.ResponseCompleted(r.epoch))
-        spoken = "".join(r.transcript)
-        r.item.set_spoken(spoken)
-        r.item.status = "completed"
-        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
-        if r.settings.audio:
-            self._emit(out, "response.output_audio.done", **where)
-            self._emit(out, "response.output_audio_transcript.done", **where, transcript=spoken)
-            part = {"type": "audio", "transcript": spoken}
-        else:
-            self._emit(out, "response.output_text.done", **where, text=spoken)
-            part = {"type": "text", "text": spoken}
-        self._emit(out, "response.content_part.done", **where, part=part)
-        self._emit(out, "response.output_item.done", response_id=r.id, output_index=0,
-                   item=r.item.as_wire())
-        if r.settings.conversation != "none":
-            self._emit(out, "conversation.item.done", item=r.item.as_wire())
-        self._emit(out, "response.done", response=self._response_wire("completed"))
-        if self.media_track and r.audio_started:
-            self._emit(out, "output_audio_buffer.stopped", response_id=r.id)
-        self.response = None
 
     def close(self) -> dict[str, int]:
         """Release everything; returns what the core held, by name."""
@@ -757,6 +626,10 @@ class RealtimeProtocol:
         self.pacer.flush()
         released = self.core.handle(cmd.Close())
         return dict(next(e for e in released if isinstance(e, ev.Released)).items)
+
+
+def _conversation_id(session_id: str) -> str:
+    return "conv_" + session_id.removeprefix("sess_")
 
 
 def _image_bytes(image_url: str | None) -> bytes:

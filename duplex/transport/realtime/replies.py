@@ -1,0 +1,190 @@
+"""The output side of a Realtime session: the reply being generated and played, and every
+event of its life: created, its item and content part, audio and text deltas released at
+real time, done, cancelled (a barge-in or the client), failed.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from duplex.media import Resampler, float_to_g711, float_to_pcm16
+from duplex.media.rates import REALTIME_RATE as RATE
+from duplex.session import commands as cmd
+from duplex.session import events as ev
+from duplex.transport.core import MediaClock
+from duplex.transport.effects import EngineCommit, FlushAudio, PlayAudio
+from duplex.transport.realtime.conversation import Conversation, Item
+from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.session_config import ResponseSettings
+
+G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
+
+
+class Replies:
+    def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation, *,
+                 media_track: bool, conversation_id: str) -> None:
+        self.clock = clock
+        self.core = clock.core
+        self.events = events
+        self.conversation = conversation
+        self.media_track = media_track
+        """Reply audio goes to a paced media track (WebRTC) instead of audio delta events."""
+        self.conversation_id = conversation_id
+        self.active: ActiveResponse | None = None
+        self._g711_out = Resampler(RATE, 8000)
+
+    def _wire(self, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.events.response_object(self.active, status, details, self.conversation_id)
+
+    def start(self, out: list, settings: ResponseSettings) -> None:
+        events = self.core.handle(cmd.StartResponse())
+        started = next(e for e in events if isinstance(e, ev.ResponseStarted))
+        new_id = self.events.new_id
+        if settings.audio:
+            item = Item(new_id("item"), role="assistant", content_type="output_audio",
+                        transcript="", status="in_progress", response_id=started.response_id)
+            part = {"type": "audio", "transcript": ""}
+        else:
+            item = Item(new_id("item"), role="assistant", content_type="output_text", text="",
+                        status="in_progress", response_id=started.response_id)
+            part = {"type": "text", "text": ""}
+        self.active = r = ActiveResponse(new_id("resp"), started.response_id, started.epoch,
+                                         item, settings)
+        emit = self.events.emit
+        emit(out, "response.created", response=self._wire("in_progress"))
+        if settings.conversation != "none":
+            previous = self.conversation.append(item)
+            emit(out, "conversation.item.added", item=item.as_wire(), previous_item_id=previous)
+        emit(out, "response.output_item.added", response_id=r.id, output_index=0,
+             item=item.as_wire())
+        emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
+             output_index=0, content_index=0, part=part)
+        out.append(EngineCommit(started.epoch))
+
+    def cancel(self, out: list, reason: str) -> None:
+        if self.active is not None:
+            self.apply_core_events(out, self.core.handle(cmd.Cancel(reason)))
+
+    def apply_core_events(self, out: list, events: list[ev.Event]) -> None:
+        emit = self.events.emit
+        for e in events:
+            out += self.clock.cancel_effects(e)
+            if isinstance(e, ev.Flush) and self.media_track:
+                out.append(FlushAudio())
+            elif isinstance(e, ev.TranscriptTruncated):
+                record = self.item_of_core(e.response_id)
+                if record is not None:
+                    record.set_spoken(e.heard_text)
+            elif isinstance(e, ev.ResponseCancelled) and self.active is not None:
+                r = self.active
+                r.item.status = "incomplete"
+                emit(out, "response.output_item.done", response_id=r.id, output_index=0,
+                     item=r.item.as_wire())
+                if r.settings.conversation != "none":
+                    emit(out, "conversation.item.done", item=r.item.as_wire())
+                reason = "turn_detected" if e.reason == "barge_in" else e.reason
+                emit(out, "response.done", response=self._wire(
+                    "cancelled", {"type": "cancelled", "reason": reason, "error": None}))
+                emit(out, "output_audio_buffer.cleared", response_id=r.id)
+                self.active = None
+        self.clock.settle()
+
+    def item_of_core(self, core_id: int) -> Item | None:
+        r = self.active
+        if r is not None and r.core_id == core_id:
+            return r.item
+        return self.conversation.of_response(core_id)
+
+    # -- engine results -------------------------------------------------------------------
+
+    def on_audio(self, epoch: int, pcm: np.ndarray, text: str) -> None:
+        r = self.active
+        if r is None or epoch != r.epoch:
+            return
+        self._produced(epoch, self.clock.reply_audio(pcm), text)
+
+    def on_finished(self, epoch: int) -> None:
+        r = self.active
+        if r is not None and epoch == r.epoch:
+            tail = self.clock.reply_tail()
+            if len(tail):
+                self._produced(epoch, tail, "")
+            r.engine_done = True
+
+    def _produced(self, epoch: int, audio: np.ndarray, text: str) -> None:
+        for e in self.core.handle(cmd.OutputChunkProduced(epoch, len(audio), text)):
+            if isinstance(e, ev.OutputChunk):
+                self.clock.pacer.push(e, audio)
+
+    def fail(self, out: list) -> None:
+        if self.active is not None:
+            self.clock.pacer.flush()
+            self.active.item.status = "incomplete"
+            self.events.emit(out, "response.done", response=self._wire("failed", {
+                "type": "failed", "reason": None,
+                "error": {"type": "server_error", "code": "model_error"}}))
+            self.active = None
+
+    # -- release at real time ---------------------------------------------------------------
+
+    def release(self, out: list, now: int) -> None:
+        """Send the reply audio due at clock sample `now`; finish a reply fully sent."""
+        for chunk, audio in self.clock.due(now):
+            self._send_chunk(out, chunk, audio)
+        played = self.clock.pacer.played(now)
+        if played > self.core.played_samples:
+            self.core.handle(cmd.PlaybackAcknowledged(played))
+        r = self.active
+        if r is not None and r.engine_done and not self.clock.pacer:
+            self._finish(out)
+
+    def _send_chunk(self, out: list, chunk: ev.OutputChunk, audio: np.ndarray) -> None:
+        r = self.active
+        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+        if r.settings.audio and self.media_track:
+            if not r.audio_started:
+                r.audio_started = True
+                self.events.emit(out, "output_audio_buffer.started", response_id=r.id)
+            out.append(PlayAudio(chunk.start_sample, audio))
+        elif r.settings.audio and len(audio):
+            self.events.emit(out, "response.output_audio.delta", **where,
+                             delta=base64.b64encode(self._encode(audio)).decode())
+        if chunk.text:
+            r.transcript.append(chunk.text)
+            text_event = ("response.output_audio_transcript.delta" if r.settings.audio
+                          else "response.output_text.delta")
+            self.events.emit(out, text_event, **where, delta=chunk.text)
+
+    def _encode(self, audio: np.ndarray) -> bytes:
+        fmt = self.active.settings.output_format
+        if fmt == "audio/pcm":
+            return float_to_pcm16(audio)
+        return float_to_g711(self._g711_out.process(audio), G711_LAWS[fmt])
+
+    def _finish(self, out: list) -> None:
+        r = self.active
+        emit = self.events.emit
+        self.core.handle(cmd.ResponseCompleted(r.epoch))
+        spoken = "".join(r.transcript)
+        r.item.set_spoken(spoken)
+        r.item.status = "completed"
+        where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+        if r.settings.audio:
+            emit(out, "response.output_audio.done", **where)
+            emit(out, "response.output_audio_transcript.done", **where, transcript=spoken)
+            part = {"type": "audio", "transcript": spoken}
+        else:
+            emit(out, "response.output_text.done", **where, text=spoken)
+            part = {"type": "text", "text": spoken}
+        emit(out, "response.content_part.done", **where, part=part)
+        emit(out, "response.output_item.done", response_id=r.id, output_index=0,
+             item=r.item.as_wire())
+        if r.settings.conversation != "none":
+            emit(out, "conversation.item.done", item=r.item.as_wire())
+        emit(out, "response.done", response=self._wire("completed"))
+        if self.media_track and r.audio_started:
+            emit(out, "output_audio_buffer.stopped", response_id=r.id)
+        self.active = None
