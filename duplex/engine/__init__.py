@@ -12,6 +12,8 @@ from duplex.engine.scheduler import (
     SchedulerConfig,
     SessionFailed,
     Stage,
+    TextOut,
+    ToolCallOut,
 )
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "SchedulerConfig",
     "SessionFailed",
     "Stage",
+    "TextOut",
+    "ToolCallOut",
     "set_torch_threads",
     "start_engine",
 ]

@@ -26,6 +26,7 @@ from duplex.engine.core import EngineConfig
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
+from models.reply import ReplySpec
 
 log = logging.getLogger("duplex.engine")
 Deliver = Callable[[m.SessionEvent], None]
@@ -156,8 +157,9 @@ class EngineClient(ABC):
             self._submit(m.PushText(session_id, text))
         return True
 
-    def commit(self, session_id: str, epoch: int) -> None:
-        """Reply, in `epoch`, to everything pushed so far (a partial last chunk included)."""
+    def commit(self, session_id: str, epoch: int, spec: ReplySpec | None = None) -> None:
+        """Reply, in `epoch`, to everything pushed so far (a partial last chunk included), as
+        `spec` asks."""
         at = time.monotonic()
         framer = self._framer(session_id)
         if framer is None:
@@ -167,7 +169,7 @@ class EngineClient(ABC):
             if not self.model.accepts_partial_chunks:
                 rest = np.pad(rest, (0, self.model.input_chunk_samples - len(rest)))
             self._submit(m.PushAudio(session_id, rest))
-        self._submit(m.Commit(session_id, epoch, at))
+        self._submit(m.Commit(session_id, epoch, at, spec or ReplySpec()))
 
     def clear_input(self, session_id: str) -> None:
         framer = self._framer(session_id)

@@ -187,7 +187,7 @@ class EngineCore:
         self.scheduler.push_text(r.session_id, r.text, time.monotonic(), self.version)
 
     def _commit(self, r: m.Commit) -> None:
-        self.scheduler.commit(r.session_id, r.epoch, r.at)
+        self.scheduler.commit(r.session_id, r.epoch, r.at, r.spec)
 
     def _clear_input(self, r: m.ClearInput) -> None:
         self.scheduler.clear_input(r.session_id)

@@ -20,7 +20,10 @@ from duplex.engine.scheduler import (
     ResponseFinished,
     ResponseTimings,
     SessionFailed,
+    TextOut,
+    ToolCallOut,
 )
+from models.reply import ReplySpec
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -56,6 +59,7 @@ class Commit:
     epoch: int
     at: float
     """When the reply was asked for (time.monotonic), for its timings."""
+    spec: ReplySpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,7 @@ SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Commit, ClearInput, CancelRe
 
 # -- outputs ----------------------------------------------------------------------------------
 
-SessionEvent = AudioOut | ResponseFinished | ResponseTimings | SessionFailed
+SessionEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings | SessionFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,4 +126,4 @@ class Reply:
     error: str | None = None
 
 
-Output = AudioOut | ResponseFinished | ResponseTimings | SessionFailed | Report | Reply
+Output = SessionEvent | Report | Reply

@@ -13,7 +13,9 @@ from enum import StrEnum
 from typing import Any
 
 from duplex.engine.payload import INPUT_KINDS, Kind, Payload
+from duplex.engine.thinker_text import Piece, Speech, ThinkerText
 from models.base import TalkerFrame, ThinkerToken
+from models.reply import ReplySpec
 
 
 class Stage(StrEnum):
@@ -111,6 +113,26 @@ class ResponseFinished:
     session_id: str
     epoch: int
     n_samples: int
+    reason: str = "completed"
+    """completed, or max_output_tokens when the reply was cut at its token limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextOut:
+    """Text of a text-only reply, as the Thinker writes it (no audio to pace it by)."""
+
+    session_id: str
+    epoch: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOut:
+    """A piece of a tool call the Thinker is writing: started, arguments, or done."""
+
+    session_id: str
+    epoch: int
+    piece: Piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +157,13 @@ class ResponseTimings:
     codec_first_audio_ms: float
 
 
+EngineEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+
+
 @dataclass
 class Response:
     epoch: int
+    spec: ReplySpec = field(default_factory=ReplySpec)
     requested_at: float = 0.0
     begun_at: float = 0.0
     first_token_at: float | None = None
@@ -147,6 +173,19 @@ class Response:
     emitted_samples: int = 0
     first_audio_at: float | None = None
     out_seq: int = 0
+    tokens: int = 0
+    finish_reason: str = "completed"
+    text: ThinkerText = field(default_factory=ThinkerText)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReply:
+    """A requested reply: it begins once input before `input_seq` is in the Thinker context."""
+
+    epoch: int
+    input_seq: int
+    requested_at: float
+    spec: ReplySpec
 
 
 @dataclass
@@ -160,9 +199,7 @@ class SessionQueues:
     input_seq: int = 0
     input_samples: int = 0
     prefilled_seq: int = 0
-    commit: tuple[int, int, float] | None = None
-    """(epoch, input_seq, time) of a requested reply: it begins once input before the marker
-    is in the Thinker context."""
+    commit: PendingReply | None = None
     response: Response | None = None
 
     def queued_bytes(self) -> int:
@@ -235,13 +272,14 @@ class Scheduler:
         sq.input_seq += 1
         sq.input_samples += n_samples
 
-    def commit(self, session_id: str, epoch: int, now: float = 0.0) -> None:
+    def commit(self, session_id: str, epoch: int, now: float = 0.0,
+               spec: ReplySpec | None = None) -> None:
         """Request a reply in `epoch` to everything pushed so far."""
         sq = self.sessions[session_id]
         if epoch != sq.epoch:
             self.drops.append(Drop(session_id, "commit", 1, 0, "stale_epoch"))
             return
-        sq.commit = (epoch, sq.input_seq, now)
+        sq.commit = PendingReply(epoch, sq.input_seq, now, spec or ReplySpec())
 
     def clear_input(self, session_id: str) -> None:
         """Drop input not yet in the Thinker context (the user cleared the input buffer)."""
@@ -282,14 +320,16 @@ class Scheduler:
             r = sq.response
             if q[Kind.CODES]:
                 picks[Stage.CODEC].append(self._entry(sq, q[Kind.CODES].popleft()))
-            if r is not None and not r.talker_done and len(q[Kind.CODES]) < cfg.codes_lead:
+            if (r is not None and r.spec.audio and not r.talker_done
+                    and len(q[Kind.CODES]) < cfg.codes_lead):
                 if q[Kind.TOKENS] or r.thinker_done:
                     talker_ready.append((self._ahead_s(r, now), sq))
             if r is not None and not r.thinker_done and len(q[Kind.TOKENS]) < cfg.token_lead:
                 picks[Stage.THINKER].append(self._entry(sq))
-            marker = sq.commit[1] if sq.commit is not None else None
+            marker = sq.commit.input_seq if sq.commit is not None else None
             if sq.commit is not None and sq.prefilled_seq >= marker and r is None:
-                sq.response = Response(epoch=sq.epoch, requested_at=sq.commit[2], begun_at=now)
+                sq.response = Response(epoch=sq.epoch, spec=sq.commit.spec,
+                                       requested_at=sq.commit.requested_at, begun_at=now)
                 sq.commit = None
                 begin.append(self._entry(sq))
             elif q[Kind.FEATURES] and (r is None or r.thinker_done):
@@ -366,8 +406,8 @@ class Scheduler:
 
     def update(
         self, plan: StepPlan, results: StageResults, now: float, version: str
-    ) -> list[AudioOut | ResponseFinished | ResponseTimings]:
-        out: list[AudioOut | ResponseFinished | ResponseTimings] = []
+    ) -> list[EngineEvent]:
+        out: list[EngineEvent] = []
         for batch in plan.batches:
             output_path = batch.stage in (Stage.THINKER, Stage.TALKER, Stage.CODEC)
             ends_reply = batch.stage in (Stage.TALKER, Stage.CODEC)
@@ -393,13 +433,32 @@ class Scheduler:
         sq.prefilled_seq = e.payload.seq + 1
 
     def _token(self, sq, e, result: ThinkerToken, now, version, out) -> None:
+        """Speech goes on to the Talker (or out as text); tool calls go out apart, unvoiced."""
         r = sq.response
-        sq.queues[Kind.TOKENS].append(Payload(
-            sq.session_id, sq.epoch, Kind.TOKENS, result, r.out_seq, 0, 0, version,
-            final=result.finished, text=result.text, enqueued_at=now))
-        r.thinker_done = result.finished
+        r.tokens += 1
+        finished = result.finished
+        if not finished and r.spec.max_output_tokens is not None \
+                and r.tokens >= r.spec.max_output_tokens:
+            finished, r.finish_reason = True, "max_output_tokens"
+        pieces = r.text.feed(result.text) + (r.text.finish() if finished else [])
+        speech = "".join(p.text for p in pieces if isinstance(p, Speech))
+        out += [ToolCallOut(sq.session_id, sq.epoch, p) for p in pieces
+                if not isinstance(p, Speech)]
+        r.thinker_done = finished
         if r.first_token_at is None:
             r.first_token_at = now
+        if not r.spec.audio:
+            if speech:
+                out.append(TextOut(sq.session_id, sq.epoch, speech))
+            if finished:
+                out.append(ResponseFinished(sq.session_id, sq.epoch, 0, r.finish_reason))
+                sq.response = None
+            return
+        if speech or not r.text.in_call:
+            token = ThinkerToken(speech, result.conditioning, finished)
+            sq.queues[Kind.TOKENS].append(Payload(
+                sq.session_id, sq.epoch, Kind.TOKENS, token, r.out_seq, 0, 0, version,
+                final=finished, text=speech, enqueued_at=now))
 
     def _codes(self, sq, e, result: TalkerFrame, now, version, out) -> None:
         r = sq.response
@@ -427,7 +486,8 @@ class Scheduler:
     def _maybe_finished(sq: SessionQueues, out: list) -> None:
         r = sq.response
         if r is not None and r.talker_done and not sq.queues[Kind.CODES]:
-            out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples))
+            out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples,
+                                        r.finish_reason))
             sq.response = None
 
 

@@ -19,6 +19,7 @@ from duplex.engine import (
 )
 from duplex.engine.client import admit
 from models.echo import EchoModel
+from models.reply import ReplySpec
 
 
 class Collector:
@@ -195,7 +196,7 @@ def test_a_payload_of_another_dtype_fails_its_session_instead_of_computing():
     try:
         core.submit(m.OpenSession("ints"))
         core.submit(m.PushAudio("ints", np.zeros(EchoModel().input_chunk_samples, np.int16)))
-        core.submit(m.Commit("ints", 0, time.monotonic()))
+        core.submit(m.Commit("ints", 0, time.monotonic(), ReplySpec()))
         assert done.wait(5)
         assert failed[0].session_id == "ints" and "int16, not float32" in failed[0].message
     finally:

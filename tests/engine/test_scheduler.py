@@ -12,8 +12,12 @@ from duplex.engine.scheduler import (
     SchedulerConfig,
     Stage,
     StageResults,
+    TextOut,
+    ToolCallOut,
 )
+from duplex.engine.thinker_text import CallDone
 from models.base import TalkerFrame, ThinkerToken
+from models.reply import ReplySpec
 
 
 def results_of(by_stage):
@@ -90,9 +94,56 @@ def run_reply(s, sid, tokens):
     raise AssertionError("reply never finished")
 
 
-def begin(s, sid):
-    s.commit(sid, s.sessions[sid].epoch)
+def begin(s, sid, spec=None):
+    s.commit(sid, s.sessions[sid].epoch, spec=spec)
     assert s.schedule(0.0).begin
+
+
+def stages_run(s, sid, tokens):
+    """Like run_reply, but also the stages that ran."""
+    ran = set()
+    out = []
+    for _ in range(100):
+        plan = s.schedule(0.0)
+        ran |= {b.stage for b in plan.batches}
+        results = {b.stage: [tokens.pop(0) for _ in b.entries] for b in plan.batches
+                   if b.stage is Stage.THINKER}
+        out += s.update(plan, results_of(results), 0.0, "v")
+        if out and isinstance(out[-1], ResponseFinished):
+            return ran, out
+    raise AssertionError("reply never finished")
+
+
+def test_a_text_only_reply_runs_the_thinker_alone_and_sends_its_text():
+    s = Scheduler(2)
+    s.add_session("a")
+    begin(s, "a", ReplySpec(audio=False))
+    ran, out = stages_run(s, "a", [ThinkerToken("hel", None, False),
+                                   ThinkerToken("lo", None, True)])
+    assert ran == {Stage.THINKER}
+    assert out == [TextOut("a", 0, "hel"), TextOut("a", 0, "lo"), ResponseFinished("a", 0, 0)]
+
+
+def test_a_reply_cut_at_its_token_limit_ends_with_that_reason():
+    s = Scheduler(2)
+    s.add_session("a")
+    begin(s, "a", ReplySpec(audio=False, max_output_tokens=2))
+    _, out = stages_run(s, "a", [ThinkerToken(w, None, False) for w in ("a", "b", "c")])
+    assert out[-1] == ResponseFinished("a", 0, 0, "max_output_tokens")
+    assert [o.text for o in out if isinstance(o, TextOut)] == ["a", "b"]
+
+
+def test_a_tool_call_goes_out_apart_and_is_never_voiced():
+    s = Scheduler(2)
+    s.add_session("a")
+    begin(s, "a")
+    written = ['Sure. <tool_call>{"name": "f", ', '"arguments": {"x": 1}}', "</tool_call>", " ok"]
+    tokens = [ThinkerToken(t, None, i == len(written) - 1) for i, t in enumerate(written)]
+    out = run_reply(s, "a", tokens)
+    voiced = "".join(o.text for o in out if isinstance(o, AudioOut))
+    assert voiced == "Sure.  ok"
+    [done] = [o.piece for o in out if isinstance(o, ToolCallOut) and isinstance(o.piece, CallDone)]
+    assert (done.name, done.arguments, done.valid) == ("f", '{"x": 1}', True)
 
 
 def test_a_reply_flows_thinker_talker_codec_with_text_attached():
