@@ -4,10 +4,12 @@ session loop (duplex/transport/loop.py) or a transport's own edge carries them o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from models.reply import ReplySpec
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class EnginePushImage:
 @dataclass(frozen=True)
 class EngineCommit:
     epoch: int
+    spec: ReplySpec = field(default_factory=ReplySpec)
 
 
 @dataclass(frozen=True)
@@ -76,3 +79,11 @@ class FlushAudio:
 class CloseConnection:
     code: int
     reason: str
+
+
+@dataclass(frozen=True)
+class InvalidToolCall:
+    """The model wrote a tool call that is not the JSON its template asks for (counted)."""
+
+    name: str
+    raw: str

@@ -34,8 +34,14 @@ class ActiveResponse:
     item: Item
     settings: ResponseSettings
     engine_done: bool = False
+    finish_reason: str = "completed"
     audio_started: bool = False
     transcript: list[str] = field(default_factory=list)
+    calls: dict[int, Item] = field(default_factory=dict)
+    """The function calls the model wrote in this reply, by their order in it."""
+
+    def output(self) -> list[Item]:
+        return [self.item, *self.calls.values()]
 
 
 class EventWriter:
@@ -66,7 +72,7 @@ class EventWriter:
             "object": "realtime.response",
             "status": status,
             "status_details": details,
-            "output": [r.item.as_wire()] if status != "in_progress" else [],
+            "output": [i.as_wire() for i in r.output()] if status != "in_progress" else [],
             "conversation_id": None if rs.conversation == "none" else conversation_id,
             "max_output_tokens": rs.max_output_tokens,
             "metadata": rs.metadata,

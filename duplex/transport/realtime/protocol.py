@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from duplex.engine.thinker_text import Piece
 from duplex.media import (
     Resampler,
     g711_to_float,
@@ -41,6 +42,7 @@ from duplex.transport.effects import (
     EnginePushImage,
     EnginePushText,
     FlushAudio,
+    InvalidToolCall,
     PlayAudio,
     Send,
     VadFeed,
@@ -76,7 +78,7 @@ class ResumeSession:
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
-    | ResumeSession
+    | ResumeSession | InvalidToolCall
 )
 
 
@@ -586,9 +588,21 @@ class RealtimeProtocol:
             self.replies.on_audio(epoch, pcm, text)
         return []
 
-    def on_engine_finished(self, epoch: int) -> list[Effect]:
-        self.replies.on_finished(epoch)
+    def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
+        self.replies.on_finished(epoch, reason)
         return []
+
+    def on_engine_text(self, epoch: int, text: str) -> list[Effect]:
+        out: list[Effect] = []
+        if not self.closed:
+            self.replies.on_text(out, epoch, text)
+        return out
+
+    def on_engine_tool_call(self, epoch: int, piece: Piece) -> list[Effect]:
+        out: list[Effect] = []
+        if not self.closed:
+            self.replies.on_tool_call(out, epoch, piece)
+        return out
 
     def on_engine_failed(self, message: str) -> list[Effect]:
         """The model failed on this session: say so, end any reply, close with 1011."""

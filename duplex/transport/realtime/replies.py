@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from duplex.engine.thinker_text import CallArguments, CallDone, Piece
 from duplex.media import Resampler, float_to_g711, float_to_pcm16
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.transport.core import MediaClock
-from duplex.transport.effects import EngineCommit, FlushAudio, PlayAudio
+from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, PlayAudio
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.session_config import ResponseSettings
@@ -62,7 +63,7 @@ class Replies:
              item=item.as_wire())
         emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
              output_index=0, content_index=0, part=part)
-        out.append(EngineCommit(started.epoch))
+        out.append(EngineCommit(started.epoch, settings.spec()))
 
     def cancel(self, out: list, reason: str) -> None:
         if self.active is not None:
@@ -80,7 +81,9 @@ class Replies:
                     record.set_spoken(e.heard_text)
             elif isinstance(e, ev.ResponseCancelled) and self.active is not None:
                 r = self.active
-                r.item.status = "incomplete"
+                for item in r.output():
+                    if item.status == "in_progress":
+                        item.status = "incomplete"
                 emit(out, "response.output_item.done", response_id=r.id, output_index=0,
                      item=r.item.as_wire())
                 if r.settings.conversation != "none":
@@ -106,13 +109,63 @@ class Replies:
             return
         self._produced(epoch, self.clock.reply_audio(pcm), text)
 
-    def on_finished(self, epoch: int) -> None:
+    def on_finished(self, epoch: int, reason: str) -> None:
         r = self.active
         if r is not None and epoch == r.epoch:
             tail = self.clock.reply_tail()
             if len(tail):
                 self._produced(epoch, tail, "")
             r.engine_done = True
+            r.finish_reason = reason
+
+    def on_text(self, out: list, epoch: int, text: str) -> None:
+        """Text of a text-only reply: sent as written, there is no audio to pace it by."""
+        r = self.active
+        if r is None or epoch != r.epoch:
+            return
+        r.transcript.append(text)
+        self.events.emit(out, "response.output_text.delta", response_id=r.id, item_id=r.item.id,
+                         output_index=0, content_index=0, delta=text)
+
+    def on_tool_call(self, out: list, epoch: int, piece: Piece) -> None:
+        """A function call the model is writing: its item appears once named, its arguments
+        stream, and it is done (with the raw text as arguments if it was not JSON)."""
+        r = self.active
+        if r is None or epoch != r.epoch:
+            return
+        item = r.calls.get(piece.index)
+        if item is None:
+            item = self._new_call(out, r, piece.index, getattr(piece, "name", ""))
+        output_index = 1 + list(r.calls).index(piece.index)
+        where = {"response_id": r.id, "item_id": item.id, "output_index": output_index,
+                 "call_id": item.call_id}
+        if isinstance(piece, CallArguments):
+            item.arguments += piece.delta
+            self.events.emit(out, "response.function_call_arguments.delta", **where,
+                             delta=piece.delta)
+        elif isinstance(piece, CallDone):
+            item.name, item.arguments, item.status = piece.name, piece.arguments, "completed"
+            if not piece.valid:
+                out.append(InvalidToolCall(piece.name, piece.arguments))
+            self.events.emit(out, "response.function_call_arguments.done", **where,
+                             name=item.name, arguments=item.arguments)
+            self.events.emit(out, "response.output_item.done", response_id=r.id,
+                             output_index=output_index, item=item.as_wire())
+            if r.settings.conversation != "none":
+                self.events.emit(out, "conversation.item.done", item=item.as_wire())
+
+    def _new_call(self, out: list, r: ActiveResponse, index: int, name: str) -> Item:
+        item = Item(self.events.new_id("item"), type="function_call", status="in_progress",
+                    call_id=self.events.new_id("call"), name=name, arguments="")
+        r.calls[index] = item
+        output_index = len(r.calls)
+        if r.settings.conversation != "none":
+            previous = self.conversation.append(item)
+            self.events.emit(out, "conversation.item.added", item=item.as_wire(),
+                             previous_item_id=previous)
+        self.events.emit(out, "response.output_item.added", response_id=r.id,
+                         output_index=output_index, item=item.as_wire())
+        return item
 
     def _produced(self, epoch: int, audio: np.ndarray, text: str) -> None:
         for e in self.core.handle(cmd.OutputChunkProduced(epoch, len(audio), text)):
@@ -170,7 +223,7 @@ class Replies:
         self.core.handle(cmd.ResponseCompleted(r.epoch))
         spoken = "".join(r.transcript)
         r.item.set_spoken(spoken)
-        r.item.status = "completed"
+        r.item.status = "completed" if r.finish_reason == "completed" else "incomplete"
         where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
         if r.settings.audio:
             emit(out, "response.output_audio.done", **where)
@@ -184,7 +237,11 @@ class Replies:
              item=r.item.as_wire())
         if r.settings.conversation != "none":
             emit(out, "conversation.item.done", item=r.item.as_wire())
-        emit(out, "response.done", response=self._wire("completed"))
+        if r.finish_reason == "completed":
+            emit(out, "response.done", response=self._wire("completed"))
+        else:
+            emit(out, "response.done", response=self._wire(
+                "incomplete", {"type": "incomplete", "reason": r.finish_reason, "error": None}))
         if self.media_track and r.audio_started:
             emit(out, "output_audio_buffer.stopped", response_id=r.id)
         self.active = None

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime import schema
+from models.reply import ReplySpec
 
 BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FLAT_FORMATS = {v: k for k, v in BETA_FORMATS.items()}
@@ -263,6 +264,15 @@ class ResponseSettings:
     @property
     def audio(self) -> bool:
         return "audio" in self.output_modalities
+
+    def spec(self) -> ReplySpec:
+        """What the model is asked for."""
+        return ReplySpec(
+            audio=self.audio,
+            max_output_tokens=None if self.max_output_tokens == "inf" else self.max_output_tokens,
+            instructions=self.instructions, voice=self.voice, temperature=self.temperature,
+            tools=self.tools, tool_choice=self.tool_choice,
+        )
 
 
 def response_settings(s: SessionSettings, params: dict[str, Any] | None,
