@@ -16,6 +16,7 @@ Stage order for a Thinker-Talker turn:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +56,20 @@ class TalkerFrame:
 
     codes: Any
     finished: bool
+
+
+@dataclass(frozen=True)
+class OfflineCodec:
+    """A codec's own whole-signal decoder: the reference the bench measures `codec_decode`'s
+    streaming against, for cost and exactness."""
+
+    codebooks: int
+    """Codebooks per frame (Q) that `codec_decode` takes."""
+    codebook_size: int
+    delay_samples: int
+    """Streamed PCM is the offline PCM preceded by this many samples."""
+    decode: Callable[[np.ndarray], np.ndarray]
+    """Codes (B, Q, T) -> float32 PCM (B, T * frame_samples - delay_samples), in one call."""
 
 
 class DuplexModel(ABC):
@@ -123,9 +138,20 @@ class DuplexModel(ABC):
     ) -> list[TalkerFrame]:
         """One codec frame per session; `tokens[i]` is new Thinker output or None if none came."""
 
-    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
-        """Per-frame cost of streaming codec decoding against offline decoding, for the bench."""
+    def offline_codec(self) -> OfflineCodec | None:
+        """The codec's offline decoder, for the bench; None where there is none (echo)."""
         return None
+
+    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
+        """The bench's codec measurement (`duplex.bench.codec`) on this model.
+
+        It is a method here only because the engine runs queries by method name in the process
+        that holds the model. It decodes through this adapter's own states and pools, so it must
+        run while the engine serves no session.
+        """
+        from duplex.bench.codec import stream_vs_offline
+
+        return stream_vs_offline(self)
 
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:

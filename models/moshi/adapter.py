@@ -38,14 +38,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from transformers.models.moshi.modeling_moshi import apply_rotary_pos_emb
 
-from models.base import DuplexModel, ModelState, TalkerFrame, ThinkerToken
+from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, ThinkerToken
 from models.kv import KVBatch, SlidingKV, tensor_bytes
 from models.moshi import tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
@@ -207,14 +206,14 @@ class MoshiAdapter(DuplexModel):
         state.slots["decoder"].release()
         state.slots["decoder"] = self.decoder.new_state()
 
-    def codec_stream_vs_offline(self) -> dict[str, Any]:
-        from models.moshi.mimi_stream import measure_stream_vs_offline
-
+    def offline_codec(self) -> OfflineCodec:
         mimi = self.model.audio_encoder
-        return {
-            f"batch_{n}": measure_stream_vs_offline(mimi, n_frames=50, repeats=3, sessions=n)
-            for n in (1, 8)
-        }
+        return OfflineCodec(self.num_codebooks, mimi.config.codebook_size, 0, self._decode_offline)
+
+    @torch.inference_mode()
+    def _decode_offline(self, codes: np.ndarray) -> np.ndarray:
+        codes = torch.as_tensor(codes, dtype=torch.long, device=self._device)
+        return self.model.audio_encoder.decode(codes).audio_values[:, 0].float().cpu().numpy()
 
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[np.ndarray]:
         for chunk in chunks:

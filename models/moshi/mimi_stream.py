@@ -19,7 +19,6 @@ The transformers keep their keys and values in `models.kv.SlidingKV`, as Moshi's
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -320,45 +319,3 @@ class MimiStreamEncoder:
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
         latents = self.downsample(hidden.transpose(1, 2), padding_cache=cache)
         return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
-
-
-def measure_stream_vs_offline(
-    mimi: nn.Module, n_frames: int, repeats: int = 3, sessions: int = 1
-) -> dict:
-    """Decode `n_frames` random frames per session offline (one session, one call) and streaming
-    (one frame per call, `sessions` sessions batched in each call).
-
-    Costs are per frame of one session, best of `repeats` runs. Diffs are against each session's
-    offline signal.
-    """
-    config = mimi.config
-    generator = torch.Generator().manual_seed(0)
-    codes = torch.randint(
-        0, config.codebook_size, (sessions, config.num_quantizers, n_frames), generator=generator
-    ).to(next(mimi.parameters()).device)
-    decoder = MimiStreamDecoder(mimi)
-    offline_s = stream_s = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        with torch.inference_mode():
-            mimi.decode(codes[:1])
-        offline_s = min(offline_s, time.perf_counter() - start)
-        states = [decoder.new_state() for _ in range(sessions)]
-        start = time.perf_counter()
-        chunks = [decoder.decode(states, codes[:, :, t : t + 1]) for t in range(n_frames)]
-        stream_s = min(stream_s, (time.perf_counter() - start) / sessions)
-    with torch.inference_mode():
-        reference = torch.cat([mimi.decode(codes[i : i + 1]).audio_values for i in range(sessions)])
-    streamed = torch.cat(chunks, dim=-1)
-    rms = reference.pow(2).mean().sqrt().item()
-    max_abs_diff = (streamed - reference).abs().max().item()
-    return {
-        "n_frames": n_frames,
-        "sessions": sessions,
-        "offline_ms_per_frame": 1e3 * offline_s / n_frames,
-        "stream_ms_per_frame": 1e3 * stream_s / n_frames,
-        "ratio": stream_s / offline_s,
-        "max_abs_diff": max_abs_diff,
-        "signal_rms": rms,
-        "diff_over_rms": max_abs_diff / rms,
-    }

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.base import DuplexModel, ModelState, TalkerFrame, ThinkerToken
+from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, ThinkerToken
 from models.kv import SlotKV, SlotOwnershipError
-from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav
+from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav, offline_decode
 from models.qwen3_omni.encoders import (
     AudioEncoder,
     AudioFeatures,
@@ -239,14 +239,14 @@ class Qwen3OmniAdapter(DuplexModel):
                 out[i] = pcm[j]
         return out
 
-    def codec_stream_vs_offline(self) -> dict[str, Any]:
-        from models.qwen3_omni.codec import measure_stream_vs_offline
+    def offline_codec(self) -> OfflineCodec:
+        config = self.model.code2wav.config
+        delay = self._pools.codec.decoder.delay_samples
+        return OfflineCodec(config.num_quantizers, config.codebook_size, delay, self._decode_offline)
 
-        module = self.model.code2wav
-        return {
-            f"batch_{n}": measure_stream_vs_offline(module, n_frames=50, repeats=3, batch_size=n)
-            for n in (1, 8)
-        }
+    def _decode_offline(self, codes: np.ndarray) -> np.ndarray:
+        codes = torch.as_tensor(codes, device=self.device, dtype=torch.long)
+        return offline_decode(self.model.code2wav, codes).float().cpu().numpy()
 
 
 def _placed(model, device: str, dtype: torch.dtype):

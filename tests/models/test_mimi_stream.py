@@ -3,11 +3,7 @@
 import pytest
 import torch
 
-from models.moshi.mimi_stream import (
-    MimiStreamDecoder,
-    MimiStreamEncoder,
-    measure_stream_vs_offline,
-)
+from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.moshi.tiny import tiny_mimi
 
 FRAME = 1920
@@ -97,12 +93,3 @@ def test_state_bytes_and_release(mimi):
     decode_state.release()
     encode_state.release()
     assert decode_state.nbytes == 0 and encode_state.nbytes == 0
-
-
-def test_measure_stream_vs_offline_reports_costs(mimi):
-    report = measure_stream_vs_offline(mimi, n_frames=4, repeats=1, sessions=2)
-    assert report["diff_over_rms"] <= 1e-4
-    assert report["offline_ms_per_frame"] > 0 and report["stream_ms_per_frame"] > 0
-    assert report["ratio"] == pytest.approx(
-        report["stream_ms_per_frame"] / report["offline_ms_per_frame"]
-    )
