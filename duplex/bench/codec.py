@@ -1,4 +1,5 @@
-"""What streaming codec decoding costs against the codec's own offline decoding, and how exact it is.
+"""What streaming codec decoding costs against the codec's own offline decoding, and how exactly
+it matches it.
 
 Streaming goes through the adapter's own `codec_decode`, one frame per call with every session
 in the same call, as the engine drives it; offline is the adapter's `offline_codec`, all frames

@@ -6,9 +6,8 @@ attends under an explicit 4D mask with explicit (M-RoPE) positions, so sessions 
 differ in length share one forward with no copying of their past. Each slot records its owner and
 every call checks it, so a reused slot can never feed one session's context to another.
 
-The parts, each in its own module: `encoders` (audio and vision towers), `thinker` (context and
-reply tokens), `talker` (codec frames, fed as generate() feeds it), `codec` (streaming Code2Wav),
-`session` (what one session holds). This one builds them and checks every state it is handed.
+The parts live in modules of their own (listed in `models.qwen3_omni`); this one builds them
+and checks every state it is handed before any part touches it.
 """
 
 from __future__ import annotations
@@ -241,8 +240,12 @@ class Qwen3OmniAdapter(DuplexModel):
 
     def offline_codec(self) -> OfflineCodec:
         config = self.model.code2wav.config
-        delay = self._pools.codec.decoder.delay_samples
-        return OfflineCodec(config.num_quantizers, config.codebook_size, delay, self._decode_offline)
+        return OfflineCodec(
+            config.num_quantizers,
+            config.codebook_size,
+            self._pools.codec.decoder.delay_samples,
+            self._decode_offline,
+        )
 
     def _decode_offline(self, codes: np.ndarray) -> np.ndarray:
         codes = torch.as_tensor(codes, device=self.device, dtype=torch.long)

@@ -70,7 +70,9 @@ class Thinker:
         embeds = self.module.get_input_embeddings()(ids)
         self.push(sess, embeds, role)
 
-    def push(self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False) -> None:
+    def push(
+        self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False
+    ) -> None:
         n = embeds.shape[0]
         pos = torch.arange(sess.next_pos, sess.next_pos + n).expand(3, -1)
         sess.pending.append(Piece(embeds, pos, role, multimodal))
