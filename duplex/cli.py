@@ -4,12 +4,45 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
 from duplex.engine.process import EngineStartFailed
-from models.registry import ModelNotFound, checkpoint_config
+from models.registry import TINY, ModelNotFound, build_tiny, checkpoint_config, tiny_path
+
+
+def resolve_model(name: str, cache_dir: str) -> None:
+    """Make sure `--model NAME|PATH` has a checkpoint before any server or engine starts: a
+    built-in tiny model is built on first use; a PATH that does not exist raises ModelNotFound."""
+    if name == "echo":
+        return
+    if name in TINY:
+        path = tiny_path(name, cache_dir)
+        if not (path / "config.json").is_file():
+            print(f"duplex: building {name} into {path} (first use)", file=sys.stderr, flush=True)
+            with _quiet_transformers():
+                build_tiny(name, cache_dir)
+            print(f"duplex: built {name} at {path}", file=sys.stderr, flush=True)
+    checkpoint_config(name, cache_dir)
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Keep transformers' progress bars and config warnings out of the two lines a build prints."""
+    from transformers.utils import logging
+
+    bars, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -27,9 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.node_id is not None:
         cli.setdefault("store", {})["node_id"] = args.node_id
     settings = load_settings(args.config, cli=cli)
-    if settings.model.name != "echo":
-        # Before the server starts, so a wrong --model is one line, not a failed startup.
-        checkpoint_config(settings.model.name, settings.model.cache_dir)
+    # Before the server starts, so a wrong --model is one line, not a failed startup.
+    resolve_model(settings.model.name, settings.model.cache_dir)
     serve(settings)
     return 0
 
@@ -55,8 +87,10 @@ def _bench(args: argparse.Namespace) -> int:
     from duplex.bench.run import bench, table
 
     settings = load_settings(args.config)
+    model = args.model or settings.model.name
+    resolve_model(model, settings.model.cache_dir)
     report = bench(
-        args.model or settings.model.name,
+        model,
         settings.model.cache_dir,
         sessions=args.sessions,
         duration_s=args.duration,
@@ -79,8 +113,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _models_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from models.registry import build_tiny, tiny_path
-
     settings = load_settings(args.config)
     cache_dir = args.cache_dir or settings.model.cache_dir
     path = tiny_path(args.name, cache_dir)
@@ -102,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
         description="Real-time full-duplex voice/video session server for Thinker-Talker models.",
+        epilog="Models (--model): echo, tiny-omni, tiny-moshi, or a local checkpoint directory. "
+        "serve and bench build tiny-omni and tiny-moshi on first use into the model directory, "
+        "model.cache_dir: .models by default; DUPLEX_MODEL__CACHE_DIR=DIR (or cache_dir under "
+        "[model] in a --config file) puts them elsewhere.",
     )
     parser.add_argument("--version", action="version", version=f"duplex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -118,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         metavar="NAME|PATH",
-        help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory",
+        help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory; "
+        "tiny models are built on first use",
     )
     serve.add_argument(
         "--redis-url",
@@ -169,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         "as the server; print a table and optionally JSON.",
     )
     bench.add_argument("--config", metavar="FILE")
-    bench.add_argument("--model", metavar="NAME|PATH", help="default: the configured model")
+    bench.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="default: the configured model; tiny models are built on first use",
+    )
     bench.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
     bench.add_argument("--duration", type=float, default=15.0, help="seconds per run (default 15)")
     bench.add_argument(

@@ -3,8 +3,9 @@
 The engine drives a model through five batched stage calls. Each takes a list of per-session
 states (one per session in the batch, all distinct) and a list of inputs in the same order, runs
 ONE forward for the whole batch, and returns outputs in the same order. Per-session neural state
-(KV caches, codec carry state) lives in the `ModelState` the adapter hands out, so the engine can
-release it on an epoch bump or close and ask how many bytes it holds.
+(KV caches, codec carry state) lives in the `ModelState` the adapter hands out, one `SlotState`
+per named slot, so the engine can release it on an epoch bump or close and ask how many bytes it
+holds.
 
 Stage order for a Thinker-Talker turn:
   encode_audio (user PCM chunks -> features) -> thinker_prefill (features into the Thinker KV)
@@ -15,18 +16,29 @@ Stage order for a Thinker-Talker turn:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 
+class SlotState(Protocol):
+    """One part of a session's state: what it holds, and how to give it back."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def release(self) -> None:
+        """Give back every buffer and pool row it holds; `nbytes` is 0 afterwards."""
+
+
 @dataclass
 class ModelState:
-    """Per-session state an adapter keeps; `slots` names what it holds for `bytes_held`."""
+    """Per-session state an adapter keeps, by slot name; `bytes_held` sums the slots."""
 
     session_id: str
-    slots: dict[str, Any] = field(default_factory=dict)
+    slots: dict[str, SlotState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,20 @@ class TalkerFrame:
 
     codes: Any
     finished: bool
+
+
+@dataclass(frozen=True)
+class OfflineCodec:
+    """A codec's own whole-signal decoder: the reference the bench measures `codec_decode`'s
+    streaming against, for cost and exactness."""
+
+    codebooks: int
+    """Codebooks per frame (Q) that `codec_decode` takes."""
+    codebook_size: int
+    delay_samples: int
+    """Streamed PCM is the offline PCM preceded by this many samples."""
+    decode: Callable[[np.ndarray], np.ndarray]
+    """Codes (B, Q, T) -> float32 PCM (B, T * frame_samples - delay_samples), in one call."""
 
 
 class DuplexModel(ABC):
@@ -74,12 +100,14 @@ class DuplexModel(ABC):
     def reset_response(self, state: ModelState) -> None:
         """Drop everything of the current reply (Talker KV, codec carry): the epoch moved on."""
 
-    @abstractmethod
     def free(self, state: ModelState) -> None:
         """Release everything the session holds; `bytes_held` is 0 afterwards."""
+        for slot in state.slots.values():
+            slot.release()
+        state.slots.clear()
 
-    @abstractmethod
-    def bytes_held(self, state: ModelState) -> int: ...
+    def bytes_held(self, state: ModelState) -> int:
+        return sum(slot.nbytes for slot in state.slots.values())
 
     @abstractmethod
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[Any]:
@@ -110,9 +138,20 @@ class DuplexModel(ABC):
     ) -> list[TalkerFrame]:
         """One codec frame per session; `tokens[i]` is new Thinker output or None if none came."""
 
-    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
-        """Per-frame cost of streaming codec decoding against offline decoding, for the bench."""
+    def offline_codec(self) -> OfflineCodec | None:
+        """The codec's offline decoder, for the bench; None where there is none (echo)."""
         return None
+
+    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
+        """The bench's codec measurement (`duplex.bench.codec`) on this model.
+
+        It is a method here only because the engine runs queries by method name in the process
+        that holds the model. It decodes through this adapter's own states and pools, so it must
+        run while the engine serves no session.
+        """
+        from duplex.bench.codec import stream_vs_offline
+
+        return stream_vs_offline(self)
 
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:

@@ -23,11 +23,11 @@ after `min_response_frames` (EOS is masked before that: random weights would emi
 Each Thinker step must be followed by its `talker_step` before the next `thinker_decode`,
 because Moshi's next position embeds the codes the depth decoder produced.
 
-Batching across sessions: every session keeps its own KV buffer (`SlidingKV`, time-ordered,
-with its own length). A batched call appends each session's new positions at that session's
-own length and attends over a key axis as wide as the longest session; the mask hides the right
-padding of shorter sessions (and positions beyond `config.sliding_window`, which is how long
-sessions stay bounded). Rotary positions are per session. A prefill whose sessions bring
+Batching across sessions: every session keeps its own KV buffer (`models.kv.SlidingKV`,
+time-ordered, with its own length). A batched call appends each session's new positions at that
+session's own length and attends over a key axis as wide as the longest session; the mask hides
+the right padding of shorter sessions (and positions beyond `config.sliding_window`, which is
+how long sessions stay bounded). Rotary positions are per session. A prefill whose sessions bring
 different numbers of frames pads the shorter ones and commits only their real positions. The
 codec decoder batches sessions with the same number of frames; sessions whose chunks differ in
 length go in one forward per length.
@@ -38,16 +38,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from transformers.models.moshi.modeling_moshi import apply_rotary_pos_emb
 
-from models.base import DuplexModel, ModelState, TalkerFrame, ThinkerToken
+from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, ThinkerToken
+from models.kv import KVBatch, SlidingKV, tensor_bytes
 from models.moshi import tiny
-from models.moshi.mimi_stream import KVBatch, MimiStreamDecoder, MimiStreamEncoder, SlidingKV
+from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,13 @@ class _Turn:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.user_tail, self.moshi_in, self.pending_cb0, *self.pending]
-        return sum(t.nbytes for t in tensors if t is not None)
+        return tensor_bytes([self.user_tail, self.moshi_in, self.pending_cb0, self.pending])
+
+    def release(self) -> None:
+        self.pending = []
+        self.pending_cb0 = None
+        self.user_tail = self.user_tail.new_empty(0)
+        self.moshi_in = self.moshi_in.new_empty(0)
 
 
 def _layers_step(
@@ -201,23 +206,14 @@ class MoshiAdapter(DuplexModel):
         state.slots["decoder"].release()
         state.slots["decoder"] = self.decoder.new_state()
 
-    def free(self, state: ModelState) -> None:
-        for slot in state.slots.values():
-            if hasattr(slot, "release"):
-                slot.release()
-        state.slots.clear()
-
-    def codec_stream_vs_offline(self) -> dict[str, Any]:
-        from models.moshi.mimi_stream import measure_stream_vs_offline
-
+    def offline_codec(self) -> OfflineCodec:
         mimi = self.model.audio_encoder
-        return {
-            f"batch_{n}": measure_stream_vs_offline(mimi, n_frames=50, repeats=3, sessions=n)
-            for n in (1, 8)
-        }
+        return OfflineCodec(self.num_codebooks, mimi.config.codebook_size, 0, self._decode_offline)
 
-    def bytes_held(self, state: ModelState) -> int:
-        return sum(slot.nbytes for slot in state.slots.values())
+    @torch.inference_mode()
+    def _decode_offline(self, codes: np.ndarray) -> np.ndarray:
+        codes = torch.as_tensor(codes, dtype=torch.long, device=self._device)
+        return self.model.audio_encoder.decode(codes).audio_values[:, 0].float().cpu().numpy()
 
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[np.ndarray]:
         for chunk in chunks:

@@ -14,12 +14,11 @@ one cache for the whole batch and cannot mix sessions of different ages.
 
 Each session owns a state object (`new_state()`); one `decode` / `encode` call stacks the states
 of all sessions in the batch along the batch axis, runs one forward and writes the states back.
-`SlidingKV` and `KVBatch` are shared with the Moshi adapter, whose transformers step the same way.
+The transformers keep their keys and values in `models.kv.SlidingKV`, as Moshi's decoders do.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -33,133 +32,7 @@ from transformers.models.mimi.modeling_mimi import (
     apply_rotary_pos_emb,
 )
 
-
-class SlidingKV:
-    """Keys and values of every layer of one transformer for `rows` sequences advancing together.
-
-    Entries stay in time order in one buffer per tensor, shaped (layers, rows, kv_heads, capacity,
-    head_dim). When the buffer is full, entries older than the attention window are dropped, so
-    memory is bounded by the window rather than by how long a session lasts. `seen` counts every
-    position ever appended: it is the absolute (RoPE) position of the next entry.
-    """
-
-    def __init__(
-        self,
-        n_layers: int,
-        n_kv_heads: int,
-        head_dim: int,
-        window: int,
-        rows: int = 1,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ):
-        self.shape = (n_layers, rows, n_kv_heads, head_dim)
-        self.window = window
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.length = 0
-        self.seen = 0
-
-    @property
-    def rows(self) -> int:
-        return self.shape[1]
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self.k is None else self.k.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.k is None else self.k.nbytes + self.v.nbytes
-
-    def release(self) -> None:
-        self.k = self.v = None
-        self.length = 0
-
-    def reserve(self, n: int) -> None:
-        """Make room to append `n` entries, keeping the last `window - 1` that can still be seen."""
-        if self.length + n <= self.capacity:
-            return
-        keep = min(self.length, self.window - 1)
-        need = keep + n
-        # Slack past the window makes the O(window) shift happen once per ~window/4 positions.
-        slack = max(8, self.window // 4)
-        start = self.length - keep
-        if self.capacity >= need + slack:
-            self.k[:, :, :, :keep] = self.k[:, :, :, start : self.length].clone()
-            self.v[:, :, :, :keep] = self.v[:, :, :, start : self.length].clone()
-        else:
-            capacity = max(need, min(max(2 * self.capacity, 16), self.window - 1 + n + slack))
-            layers, rows, heads, dim = self.shape
-            # Zeros, not empty: masked-out entries are still multiplied by a zero weight.
-            k = torch.zeros(
-                layers, rows, heads, capacity, dim, dtype=self.dtype, device=self.device
-            )
-            v = torch.zeros_like(k)
-            if keep:
-                k[:, :, :, :keep] = self.k[:, :, :, start : self.length]
-                v[:, :, :, :keep] = self.v[:, :, :, start : self.length]
-            self.k, self.v = k, v
-        self.length = keep
-
-
-class KVBatch:
-    """One forward over several `SlidingKV`s: each appends `n` entries at its own length.
-
-    Rows of different lengths share one key axis of width max(length) + n; the mask lets query q
-    of a row see its own entries j with 0 <= length + q - j < window, which covers both the
-    right padding of shorter rows and the sliding window.
-    """
-
-    def __init__(self, kvs: list[SlidingKV], n: int):
-        for kv in kvs:
-            kv.reserve(n)
-        self.kvs = kvs
-        self.n = n
-        self.lengths = [kv.length for kv in kvs]
-        self.width = max(self.lengths) + n
-        device = kvs[0].device
-        rows = torch.tensor([kv.rows for kv in kvs], device=device)
-        length = torch.repeat_interleave(torch.tensor(self.lengths, device=device), rows)
-        seen = torch.repeat_interleave(torch.tensor([kv.seen for kv in kvs], device=device), rows)
-        steps = torch.arange(n, device=device)
-        delta = (length[:, None] + steps)[:, :, None] - torch.arange(self.width, device=device)
-        self.mask = ((delta >= 0) & (delta < kvs[0].window))[:, None]
-        self.position_ids = seen[:, None] + steps
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        """q (rows, heads, n, dim), k and v (rows, kv_heads, n, dim) -> (rows, heads, n, dim)."""
-        row = 0
-        for kv, length in zip(self.kvs, self.lengths, strict=True):
-            kv.k[layer, :, :, length : length + self.n] = k[row : row + kv.rows]
-            kv.v[layer, :, :, length : length + self.n] = v[row : row + kv.rows]
-            row += kv.rows
-        if len(self.kvs) == 1:
-            keys = self.kvs[0].k[layer, :, :, : self.width]
-            values = self.kvs[0].v[layer, :, :, : self.width]
-        else:
-            keys = k.new_zeros(row, k.shape[1], self.width, k.shape[3])
-            values = torch.zeros_like(keys)
-            row = 0
-            for kv, length in zip(self.kvs, self.lengths, strict=True):
-                end = length + self.n
-                keys[row : row + kv.rows, :, :end] = kv.k[layer, :, :, :end]
-                values[row : row + kv.rows, :, :end] = kv.v[layer, :, :, :end]
-                row += kv.rows
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=self.mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-        )
-
-    def commit(self, counts: list[int] | None = None) -> None:
-        """Keep the first `counts[i]` new entries of each `SlidingKV` (all `n` by default)."""
-        for i, kv in enumerate(self.kvs):
-            added = self.n if counts is None else counts[i]
-            kv.length += added
-            kv.seen += added
+from models.kv import KVBatch, SlidingKV, tensor_bytes
 
 
 def _decoder_parts(mimi: nn.Module) -> tuple[nn.Module | None, nn.Module, nn.Module]:
@@ -211,10 +84,6 @@ def _transformer_step(transformer: nn.Module, hidden: torch.Tensor, kvs: list[Sl
     return hidden
 
 
-def _state_nbytes(tensors) -> int:
-    return sum(t.nbytes for t in tensors if t is not None)
-
-
 @dataclass
 class MimiDecodeState:
     """One session's decoder carry: one tensor per causal/transposed conv, and the transformer KV."""
@@ -224,7 +93,7 @@ class MimiDecodeState:
 
     @property
     def nbytes(self) -> int:
-        return _state_nbytes(self.convs) + self.kv.nbytes
+        return tensor_bytes(self.convs) + self.kv.nbytes
 
     def release(self) -> None:
         self.convs = []
@@ -382,7 +251,7 @@ class MimiEncodeState:
 
     @property
     def nbytes(self) -> int:
-        return _state_nbytes(self.convs) + self.kv.nbytes
+        return tensor_bytes(self.convs) + self.kv.nbytes
 
     def release(self) -> None:
         self.convs = [None] * len(self.convs)
@@ -450,45 +319,3 @@ class MimiStreamEncoder:
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
         latents = self.downsample(hidden.transpose(1, 2), padding_cache=cache)
         return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
-
-
-def measure_stream_vs_offline(
-    mimi: nn.Module, n_frames: int, repeats: int = 3, sessions: int = 1
-) -> dict:
-    """Decode `n_frames` random frames per session offline (one session, one call) and streaming
-    (one frame per call, `sessions` sessions batched in each call).
-
-    Costs are per frame of one session, best of `repeats` runs. Diffs are against each session's
-    offline signal.
-    """
-    config = mimi.config
-    generator = torch.Generator().manual_seed(0)
-    codes = torch.randint(
-        0, config.codebook_size, (sessions, config.num_quantizers, n_frames), generator=generator
-    ).to(next(mimi.parameters()).device)
-    decoder = MimiStreamDecoder(mimi)
-    offline_s = stream_s = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        with torch.inference_mode():
-            mimi.decode(codes[:1])
-        offline_s = min(offline_s, time.perf_counter() - start)
-        states = [decoder.new_state() for _ in range(sessions)]
-        start = time.perf_counter()
-        chunks = [decoder.decode(states, codes[:, :, t : t + 1]) for t in range(n_frames)]
-        stream_s = min(stream_s, (time.perf_counter() - start) / sessions)
-    with torch.inference_mode():
-        reference = torch.cat([mimi.decode(codes[i : i + 1]).audio_values for i in range(sessions)])
-    streamed = torch.cat(chunks, dim=-1)
-    rms = reference.pow(2).mean().sqrt().item()
-    max_abs_diff = (streamed - reference).abs().max().item()
-    return {
-        "n_frames": n_frames,
-        "sessions": sessions,
-        "offline_ms_per_frame": 1e3 * offline_s / n_frames,
-        "stream_ms_per_frame": 1e3 * stream_s / n_frames,
-        "ratio": stream_s / offline_s,
-        "max_abs_diff": max_abs_diff,
-        "signal_rms": rms,
-        "diff_over_rms": max_abs_diff / rms,
-    }

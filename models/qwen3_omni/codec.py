@@ -20,7 +20,6 @@ State is slot-indexed: one `Code2WavState` holds B independent streams along dim
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -470,40 +469,3 @@ class StreamingCode2Wav:
             mlp_out = layer.mlp(layer.post_attention_layernorm(hidden))
             hidden = hidden + layer.mlp_layer_scale(mlp_out)
         return pre.norm(hidden)
-
-
-def measure_stream_vs_offline(
-    module: Qwen3OmniMoeCode2Wav, n_frames: int = 50, repeats: int = 3, batch_size: int = 1
-) -> dict[str, float]:
-    """Per-frame cost of streaming (one frame per call) against an offline decode of n_frames.
-
-    Best of `repeats` for each, so that noise from other processes does not count.
-    """
-    config = module.config
-    codes = torch.randint(
-        0, config.codebook_size, (batch_size, config.num_quantizers, n_frames), device=module.device
-    )
-    stream = StreamingCode2Wav(module)
-
-    def clock() -> float:
-        if codes.is_cuda:
-            torch.cuda.synchronize(codes.device)
-        return time.perf_counter()
-
-    offline_s, stream_s = float("inf"), float("inf")
-    for _ in range(repeats):
-        start = clock()
-        offline_decode(module, codes)
-        offline_s = min(offline_s, clock() - start)
-        state = stream.new_state(batch_size)
-        start = clock()
-        for t in range(n_frames):
-            stream.decode(codes[:, :, t : t + 1], state)
-        stream_s = min(stream_s, clock() - start)
-    stream_ms = stream_s / n_frames * 1e3
-    offline_ms = offline_s / n_frames * 1e3
-    return {
-        "stream_ms_per_frame": stream_ms,
-        "offline_ms_per_frame": offline_ms,
-        "ratio": stream_ms / offline_ms,
-    }

@@ -7,7 +7,6 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 from models.qwen3_omni.codec import (
     Code2WavPool,
     StreamingCode2Wav,
-    measure_stream_vs_offline,
     offline_decode,
     tiny_code2wav_config,
 )
@@ -176,9 +175,3 @@ def test_state_bytes_do_not_grow_with_frames(module):
     assert two.nbytes == 2 * one.nbytes
     stream.decode(random_codes(module, 2, 3, seed=7), two)
     assert two.nbytes == 2 * one.nbytes
-
-
-def test_measure_stream_vs_offline(module):
-    result = measure_stream_vs_offline(module, n_frames=3, repeats=1)
-    assert set(result) == {"stream_ms_per_frame", "offline_ms_per_frame", "ratio"}
-    assert all(value > 0 for value in result.values())

@@ -3,13 +3,7 @@
 import pytest
 import torch
 
-from models.moshi.mimi_stream import (
-    KVBatch,
-    MimiStreamDecoder,
-    MimiStreamEncoder,
-    SlidingKV,
-    measure_stream_vs_offline,
-)
+from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.moshi.tiny import tiny_mimi
 
 FRAME = 1920
@@ -99,33 +93,3 @@ def test_state_bytes_and_release(mimi):
     decode_state.release()
     encode_state.release()
     assert decode_state.nbytes == 0 and encode_state.nbytes == 0
-
-
-def test_sliding_kv_masks_padding_and_window():
-    generator = torch.Generator().manual_seed(4)
-    kvs = [SlidingKV(1, 1, 4, window=3) for _ in range(2)]
-    history = [[], []]
-    for step in range(30):
-        sessions = [0] if step < 2 else [0, 1]
-        chosen = [kvs[i] for i in sessions]
-        batch = KVBatch(chosen, 1)
-        q, k, v = (torch.randn(len(sessions), 1, 1, 4, generator=generator) for _ in range(3))
-        out = batch.attend(0, q, k, v, scale=0.5)
-        batch.commit()
-        for row, i in enumerate(sessions):
-            history[i].append((k[row], v[row]))
-            keys = torch.cat([key for key, _ in history[i][-3:]], dim=1)
-            values = torch.cat([value for _, value in history[i][-3:]], dim=1)
-            expected = torch.softmax(q[row] @ keys.transpose(1, 2) * 0.5, -1) @ values
-            assert torch.allclose(out[row], expected, atol=1e-6), (step, i)
-        assert batch.position_ids[:, 0].tolist() == [len(history[i]) - 1 for i in sessions]
-    assert all(kv.capacity < 30 for kv in kvs)
-
-
-def test_measure_stream_vs_offline_reports_costs(mimi):
-    report = measure_stream_vs_offline(mimi, n_frames=4, repeats=1, sessions=2)
-    assert report["diff_over_rms"] <= 1e-4
-    assert report["offline_ms_per_frame"] > 0 and report["stream_ms_per_frame"] > 0
-    assert report["ratio"] == pytest.approx(
-        report["stream_ms_per_frame"] / report["offline_ms_per_frame"]
-    )

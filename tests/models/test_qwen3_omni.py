@@ -144,8 +144,8 @@ def test_matches_generate_greedy(make):
             thinker_max_new_tokens=6,
             thinker_min_new_tokens=3,
             thinker_do_sample=False,
-            thinker_eos_token_id=ad._eos_ids,
-            thinker_suppress_tokens=ad._thinker_suppress.nonzero().flatten().tolist(),
+            thinker_eos_token_id=ad._thinker.eos_ids,
+            thinker_suppress_tokens=ad._thinker.suppress.nonzero().flatten().tolist(),
             talker_do_sample=False,
             # generate() only completes a frame's residual codes on the step after it.
             talker_max_new_tokens=6,
@@ -166,7 +166,7 @@ def test_batched_sessions_equal_solo(make):
     ad = make()
     states = [ad.new_state(sid) for sid in SCRIPTS]
     user_turn(ad, states, list(SCRIPTS.values()))
-    lengths = [ad._thinker_kv.length[ad._session(s).thinker_slot] for s in states]
+    lengths = [ad._pools.thinker.length[ad._session(s).thinker_slot] for s in states]
     assert lengths[0] != lengths[1]
     batched = respond(ad, states, 14, swap=True)
 
@@ -185,14 +185,14 @@ def test_batched_sessions_equal_solo(make):
 def test_chunked_thinker_equals_one_pass(make):
     ad = make()
     fed, lasts = [], []
-    forward = ad._thinker_forward
+    forward = ad._thinker.forward
 
     def record(sessions):
         fed.extend(sessions[0].pending)
         lasts.append(forward(sessions))
         return lasts[-1]
 
-    ad._thinker_forward = record
+    ad._thinker.forward = record
     st = ad.new_state("c")
     user_turn(ad, [st], [SCRIPTS["b"]])
     ad.begin_response(st)
@@ -205,9 +205,9 @@ def test_chunked_thinker_equals_one_pass(make):
     deep = [
         torch.cat(layer) for layer in zip(*(p.deepstack for p in fed if p.deepstack), strict=True)
     ]
-    cache = DynamicCache(config=ad._lm.config)
+    cache = DynamicCache(config=ad._thinker.lm.config)
     with torch.inference_mode():
-        full = ad._lm(
+        full = ad._thinker.lm(
             inputs_embeds=embeds,
             position_ids=positions,
             cache=cache,
@@ -217,9 +217,9 @@ def test_chunked_thinker_equals_one_pass(make):
         )
     torch.testing.assert_close(lasts[-1][0], full.last_hidden_state[0, -1], atol=1e-5, rtol=1e-5)
     slot, n = ad._session(st).thinker_slot, embeds.shape[1]
-    for layer in range(ad._lm.config.num_hidden_layers):
+    for layer in range(ad._thinker.lm.config.num_hidden_layers):
         torch.testing.assert_close(
-            ad._thinker_kv.keys[layer][slot, :, :n],
+            ad._pools.thinker.keys[layer][slot, :, :n],
             cache.layers[layer].keys[0],
             atol=1e-5,
             rtol=1e-5,
@@ -240,7 +240,7 @@ def test_bytes_held_returns_to_zero(make):
     assert ad.bytes_held(states[1]) > 0
     ad.free(states[1])
     assert ad.bytes_held(states[1]) == 0
-    assert ad._thinker_kv.nbytes == 0 and ad._talker_kv.nbytes == 0
+    assert ad._pools.thinker.nbytes == 0 and ad._pools.talker.nbytes == 0
 
 
 def test_reused_slot_starts_clean_and_checks_its_owner(make):
@@ -252,7 +252,7 @@ def test_reused_slot_starts_clean_and_checks_its_owner(make):
     slot = stale.thinker_slot
     ad.free(old)
     # The row still holds the old session's keys; the new owner must never see them.
-    assert ad._thinker_kv.keys[0][slot].abs().sum() > 0
+    assert ad._pools.thinker.keys[0][slot].abs().sum() > 0
 
     new = ad.new_state("new")
     user_turn(ad, [new, keeper], [SCRIPTS["a"], ["go on"]])
@@ -280,9 +280,9 @@ def test_long_session_slides_its_context(make):
     st = ad.new_state("long")
     sess = ad._session(st)
     user_turn(ad, [st], [["x" * 20] * 12])
-    length = ad._thinker_kv.length[sess.thinker_slot]
+    length = ad._pools.thinker.length[sess.thinker_slot]
     assert length <= 64 and sess.next_pos > 200
-    keep = ad._thinker_kv.keys[0][sess.thinker_slot, :, : sess.keep].clone()
+    keep = ad._pools.thinker.keys[0][sess.thinker_slot, :, : sess.keep].clone()
     user_turn(ad, [st], [["y" * 30] * 3])
-    torch.testing.assert_close(ad._thinker_kv.keys[0][sess.thinker_slot, :, : sess.keep], keep)
+    torch.testing.assert_close(ad._pools.thinker.keys[0][sess.thinker_slot, :, : sess.keep], keep)
     assert respond(ad, [st], 3)[0]["long"]

@@ -1,0 +1,146 @@
+"""The Thinker's input encoders: user audio through the audio tower, camera frames through the
+vision tower, each a batch of sessions' inputs in one forward.
+
+Audio features are Whisper log-mels, the chunks' frames concatenated in time as the tower takes
+them. A frame is resized, normalised and cut into patches by Qwen2-VL's rules, on the model's
+device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import WhisperFeatureExtractor
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths,
+)
+
+FEATURE_KEYS = (
+    "feature_size",
+    "sampling_rate",
+    "hop_length",
+    "n_fft",
+    "chunk_length",
+    "padding_value",
+    "dither",
+)
+"""The preprocessor_config.json entries that shape the audio features."""
+
+
+@dataclass(frozen=True)
+class AudioFeatures:
+    embeds: torch.Tensor
+    """(n, thinker hidden): audio tower output, placed directly at the audio positions."""
+
+
+@dataclass(frozen=True)
+class VisionFeatures:
+    embeds: torch.Tensor
+    """(n, thinker hidden): merged patch features of one frame."""
+    deepstack: tuple[torch.Tensor, ...]
+    """Per deepstack layer (n, thinker hidden), added to the hidden states of the first layers."""
+    grid: tuple[int, int]
+    """Merged grid (h, w); n == h * w."""
+
+
+class AudioEncoder:
+    """Float32 mono chunks at `rate` -> `AudioFeatures`."""
+
+    def __init__(
+        self, tower, config, preprocessor: dict, rate: int, chunk_samples: int | None, device, dtype
+    ) -> None:
+        self.tower, self.rate, self.device, self.dtype = tower, rate, device, dtype
+        self.features = WhisperFeatureExtractor(
+            **{k: preprocessor[k] for k in FEATURE_KEYS if k in preprocessor},
+            return_attention_mask=True,
+        )
+        self.n_window = config.n_window
+        self.chunk_samples = chunk_samples or 2 * config.n_window * self.features.hop_length
+
+    def encode(self, chunks: list[np.ndarray]) -> list[AudioFeatures]:
+        feats = self.features(
+            [np.asarray(c, dtype=np.float32) for c in chunks],
+            sampling_rate=self.rate,
+            padding="longest",
+            return_tensors="pt",
+            return_attention_mask=True,
+        )
+        mask = feats["attention_mask"].bool()
+        lengths = mask.sum(-1)
+        # The tower takes every chunk's frames concatenated in time, with their lengths.
+        flat = feats["input_features"].permute(0, 2, 1)[mask].T
+        out = self.tower(
+            flat.to(self.device, self.dtype), feature_lens=lengths.to(self.device)
+        ).last_hidden_state
+        sizes = _get_feat_extract_output_lengths(lengths, self.n_window).tolist()
+        return [AudioFeatures(e) for e in out.split(sizes)]
+
+
+class VisionEncoder:
+    """RGB uint8 frames (H, W, 3) -> `VisionFeatures`, resized and patched as Qwen2-VL does."""
+
+    def __init__(self, visual, config, preprocessor: dict, max_pixels: int, device, dtype) -> None:
+        self.visual, self.max_pixels, self.device, self.dtype = visual, max_pixels, device, dtype
+        self.patch = config.patch_size
+        self.merge = config.spatial_merge_size
+        self.temporal_patch = config.temporal_patch_size
+        self.image_mean = torch.tensor(preprocessor["image_mean"], device=device)
+        self.image_std = torch.tensor(preprocessor["image_std"], device=device)
+
+    def encode(self, frames: list[np.ndarray]) -> list[VisionFeatures]:
+        patches, grids = zip(*(self.patchify(f) for f in frames), strict=True)
+        grid_thw = torch.tensor([[1, h, w] for h, w in grids], device=self.device)
+        out = self.visual(torch.cat(patches).to(self.dtype), grid_thw=grid_thw)
+        sizes = [h * w // self.merge**2 for h, w in grids]
+        embeds = out.pooler_output.split(sizes)
+        deep = [d.split(sizes) for d in out.deepstack_features]
+        return [
+            VisionFeatures(
+                embeds[i],
+                tuple(d[i] for d in deep),
+                (grids[i][0] // self.merge, grids[i][1] // self.merge),
+            )
+            for i in range(len(frames))
+        ]
+
+    def patchify(self, frame: np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:
+        """RGB (H, W, 3) uint8 -> Qwen2-VL flat patches (h*w, C*T*P*P) and patch grid (h, w)."""
+        factor = self.patch * self.merge
+        height, width = frame.shape[:2]
+        new_h, new_w = smart_resize(height, width, factor, factor * factor, self.max_pixels)
+        image = torch.as_tensor(np.ascontiguousarray(frame), device=self.device)
+        image = image.permute(2, 0, 1)[None].float()
+        if (new_h, new_w) != (height, width):
+            image = F.interpolate(image, (new_h, new_w), mode="bicubic", antialias=True).clamp(
+                0, 255
+            )
+        image = ((image[0] / 255.0) - self.image_mean[:, None, None]) / self.image_std[
+            :, None, None
+        ]
+        p, m, t = self.patch, self.merge, self.temporal_patch
+        gh, gw = new_h // p, new_w // p
+        x = image.reshape(3, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+        # A still frame fills every temporal slot of the patch, as the image processor does.
+        x = x[:, :, :, :, :, None].expand(*x.shape[:5], t, p, p)
+        return x.reshape(gh * gw, 3 * t * p * p), (gh, gw)
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize rule: multiples of `factor`, aspect kept, pixel count within bounds."""
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w

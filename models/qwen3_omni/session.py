@@ -1,0 +1,112 @@
+"""One session's state in a Qwen3-Omni adapter: its context, its reply, and the pool rows it holds.
+
+The Thinker and Talker KV and the codec carry state live in pools the adapter shares across
+sessions (`Pools`); a session holds row numbers in them, claimed on first use and given back when
+its reply ends (Talker, codec) or it closes (Thinker).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from models.kv import SlotKV, tensor_bytes
+from models.qwen3_omni.codec import Code2WavPool
+
+OTHER, USER, PREFIX = 0, 1, 2
+"""Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
+
+
+@dataclass(frozen=True)
+class Pools:
+    thinker: SlotKV
+    talker: SlotKV
+    codec: Code2WavPool
+
+
+@dataclass
+class Piece:
+    """Consecutive Thinker positions of one kind, waiting for the next forward."""
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    """(3, n) M-RoPE positions (temporal, height, width), on the host: a batch's index
+    tensors are assembled there and cross to the device once."""
+    role: int
+    multimodal: bool = False
+    deepstack: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class Session:
+    sid: str
+    pools: Pools
+    thinker_gen: torch.Generator
+    talker_gen: torch.Generator
+    thinker_slot: int | None = None
+    keep: int = 0
+    """Leading Thinker positions (the system prompt) that eviction never drops."""
+    next_pos: int = 0
+    turn: str | None = None
+    audio_open: bool = False
+    pending: list[Piece] = field(default_factory=list)
+    talker_ctx: list[torch.Tensor] = field(default_factory=list)
+    # The reply in progress.
+    responding: bool = False
+    thinker_done: bool = True
+    last_token: int | None = None
+    token_ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+    talker_prefix: torch.Tensor | None = None
+    talker_slot: int | None = None
+    talker_pos: int = 0
+    text_queue: deque[torch.Tensor] = field(default_factory=deque)
+    eos_sent: bool = False
+    frames: int = 0
+    last_codes: torch.Tensor | None = None
+    talker_done: bool = False
+    codec_row: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        pieces = [(p.embeds, p.positions, p.deepstack or ()) for p in self.pending]
+        held = tensor_bytes(
+            [pieces, self.talker_ctx, self.talker_prefix, self.text_queue, self.last_codes]
+        )
+        if self.thinker_slot is not None:
+            held += self.pools.thinker.slot_bytes()
+        if self.talker_slot is not None:
+            held += self.pools.talker.slot_bytes()
+        if self.codec_row is not None:
+            held += self.pools.codec.row_bytes()
+        return held
+
+    def check(self) -> None:
+        """Raise SlotOwnershipError if a row this session holds belongs to another now."""
+        if self.thinker_slot is not None:
+            self.pools.thinker.check(self.thinker_slot, self.sid)
+        if self.talker_slot is not None:
+            self.pools.talker.check(self.talker_slot, self.sid)
+
+    def end_reply(self) -> None:
+        """Drop the reply in progress and give back its Talker and codec rows."""
+        if self.talker_slot is not None:
+            self.pools.talker.release(self.talker_slot, self.sid)
+        if self.codec_row is not None:
+            self.pools.codec.release(self.codec_row, self.sid)
+        self.responding, self.thinker_done = False, True
+        self.talker_slot, self.talker_pos, self.codec_row = None, 0, None
+        self.talker_prefix, self.last_codes = None, None
+        self.text_queue.clear()
+        self.eos_sent, self.frames, self.talker_done = False, 0, False
+
+    def release(self) -> None:
+        self.end_reply()
+        if self.thinker_slot is not None:
+            self.pools.thinker.release(self.thinker_slot, self.sid)
+        self.thinker_slot = None
+        self.pending.clear()
+        self.talker_ctx.clear()

@@ -1,0 +1,246 @@
+"""The Talker and its code predictor, fed as `Qwen3OmniMoeForConditionalGeneration.generate` feeds
+them, made incremental and batched across sessions.
+
+The Thinker hands over its user-turn and assistant-prefix positions as it computes them
+(`take_context`) and a Talker-space embedding of every reply token (`conditioning`). At a reply's
+first step the Talker is prefilled with the user turns and the assistant prefix; after that each
+step consumes one codec frame plus one Thinker token (or tts_eos, then tts_pad) and yields the
+next frame: codebook 0 from the Talker, codebooks 1..Q-1 from the code predictor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import DynamicCache
+
+from models.base import TalkerFrame, ThinkerToken
+from models.kv import SlotKV
+from models.qwen3_omni.options import Qwen3OmniOptions, sample
+from models.qwen3_omni.session import PREFIX, USER, Session
+
+
+class Talker:
+    def __init__(self, model, kv: SlotKV, options: Qwen3OmniOptions, device, dtype) -> None:
+        config = model.config.talker_config
+        self.module = model.talker
+        self.predictor = model.talker.code_predictor
+        self.kv, self.options, self.device, self.dtype = kv, options, device, dtype
+        # Audio and image positions reach the Talker as this Thinker layer's hidden states.
+        self.accept_layer = config.accept_hidden_layer
+        self.num_codes = config.num_code_groups
+        self.codec_eos = config.codec_eos_token_id
+        self.codec_suppress = _codec_suppress(config, self.predictor.config.vocab_size).to(device)
+        self.tts_bos, self.tts_eos, self.tts_pad = _tts_embeddings(model, device)
+        self.assistant_middle, self.codec_bos = _assistant_prefix(
+            model, options.speaker, self.tts_pad, self.tts_bos, device
+        )
+
+    def conditioning(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Thinker input embeddings of reply tokens -> the Talker's text input for them."""
+        return self.module.text_projection(embeds)
+
+    def take_context(self, sessions: list[Session], embeds, accepted, role, multimodal, user_mm):
+        """Project the user-turn and assistant-prefix positions as generate does for the Talker.
+
+        Text positions go through `text_projection` of their input embedding, audio and image
+        positions through `hidden_projection` of the Thinker layer `accept_hidden_layer`.
+        """
+        user, prefix = role == USER, role == PREFIX
+        text = (user & ~multimodal) | prefix
+        if not bool(user.any() or prefix.any()):
+            return
+        ctx = torch.zeros(
+            *role.shape,
+            self.module.config.text_config.hidden_size,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        on_device = self.device
+        if bool(text.any()):
+            where = text.to(on_device)
+            ctx[where] = self.module.text_projection(embeds[where])
+        if bool(user_mm.any()):
+            where = user_mm.to(on_device)
+            ctx[where] = self.module.hidden_projection(accepted[where])
+        limit = self.options.talker_context
+        for b, sess in enumerate(sessions):
+            if bool(user[b].any()):
+                sess.talker_ctx.append(ctx[b][user[b].to(on_device)])
+                total = sum(t.shape[0] for t in sess.talker_ctx)
+                if total > limit:
+                    sess.talker_ctx = [torch.cat(sess.talker_ctx)[total - limit :]]
+            if bool(prefix[b].any()):
+                sess.talker_prefix = ctx[b][prefix[b].to(on_device)]
+
+    def step(self, sessions: list[Session], tokens: list[ThinkerToken | None]) -> list[TalkerFrame]:
+        rows: list[tuple[Session, torch.Tensor | None]] = []
+        frames: dict[int, TalkerFrame] = {}
+        for sess, tok in zip(sessions, tokens, strict=True):
+            if tok is not None and sess.responding and not sess.talker_done:
+                if tok.conditioning is not None:
+                    sess.text_queue.append(tok.conditioning)
+            if not sess.responding or sess.talker_done:
+                frames[id(sess)] = TalkerFrame(None, True)
+            elif sess.talker_slot is None:
+                if not sess.text_queue:
+                    # A reply whose text ended before it had any token has nothing to voice.
+                    sess.talker_done = sess.thinker_done
+                    frames[id(sess)] = TalkerFrame(None, sess.talker_done)
+                else:
+                    rows.append((sess, self._prefill_input(sess)))
+            else:
+                rows.append((sess, None))
+        stepping = [sess for sess, x in rows if x is None]
+        if stepping:
+            # One frame in: the sum of its codebooks' embeddings plus one text position.
+            codes = torch.stack([sess.last_codes for sess in stepping])
+            step_inputs = iter(
+                self._codec_sum(codes) + torch.stack([self._next_text(s) for s in stepping])
+            )
+            rows = [(sess, next(step_inputs)[None] if x is None else x) for sess, x in rows]
+        if rows:
+            for sess, frame in zip((s for s, _ in rows), self._forward(rows), strict=True):
+                frames[id(sess)] = frame
+        return [frames[id(s)] for s in sessions]
+
+    def _prefill_input(self, sess: Session) -> torch.Tensor:
+        first = sess.text_queue.popleft()
+        # generate()'s assistant prefix: <|im_start|>assistant\n with no codec part, the fixed
+        # middle, then the first text token together with codec_bos.
+        assistant = torch.cat(
+            [sess.talker_prefix, self.assistant_middle, (first + self.codec_bos)[None]]
+        )
+        sess.talker_slot = self.kv.acquire(sess.sid)
+        return torch.cat([*sess.talker_ctx, assistant])
+
+    def _next_text(self, sess: Session) -> torch.Tensor:
+        if sess.text_queue:
+            return sess.text_queue.popleft()
+        if sess.thinker_done and not sess.eos_sent:
+            sess.eos_sent = True
+            return self.tts_eos
+        return self.tts_pad
+
+    def _codec_sum(self, codes: torch.Tensor) -> torch.Tensor:
+        """(B, Q) codes -> the Talker input embedding of that frame, the sum of all codebooks."""
+        total = self.module.get_input_embeddings()(codes[:, 0])
+        for k, emb in enumerate(self.predictor.get_input_embeddings()):
+            total = total + emb(codes[:, k + 1])
+        return total
+
+    def _forward(self, rows: list[tuple[Session, torch.Tensor]]) -> list[TalkerFrame]:
+        opts = self.options
+        sessions = [s for s, _ in rows]
+        new = [x.shape[0] for _, x in rows]
+        q, batch = max(new), len(rows)
+        embeds = torch.nn.utils.rnn.pad_sequence([x for _, x in rows], batch_first=True)
+        steps = torch.arange(q)
+        positions = torch.stack(
+            [
+                sess.talker_pos + steps.clamp(max=n - 1)
+                for sess, n in zip(sessions, new, strict=True)
+            ]
+        )
+        kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new)
+        out = self.module.model(
+            inputs_embeds=embeds,
+            attention_mask=kv.mask,
+            position_ids=positions.to(self.device)[None].expand(3, -1, -1),
+            cache=kv,
+            use_cache=True,
+        )
+        kv.commit()
+        ends = torch.tensor(new, device=self.device) - 1
+        last = out.last_hidden_state[torch.arange(batch, device=self.device), ends]
+        logits = self.module.codec_head(last).float()
+        logits[:, self.codec_suppress] = -math.inf
+        for b, sess in enumerate(sessions):
+            sess.talker_pos += new[b]
+            if sess.frames < opts.min_frames:
+                logits[b, self.codec_eos] = -math.inf
+        first = sample(logits, opts.talker_sampling, [s.talker_gen for s in sessions])
+        first_list = first.tolist()
+        go = [b for b, code in enumerate(first_list) if code != self.codec_eos]
+        codes = (
+            self._residual_codes(last[go], first[go], [sessions[b].talker_gen for b in go])
+            if go
+            else None
+        )
+        result = []
+        for b, sess in enumerate(sessions):
+            if first_list[b] == self.codec_eos:
+                sess.talker_done = True
+                result.append(TalkerFrame(None, True))
+                continue
+            frame = codes[go.index(b)]
+            sess.last_codes = frame
+            sess.frames += 1
+            sess.talker_done = sess.frames >= opts.max_frames
+            result.append(TalkerFrame(frame, sess.talker_done))
+        for sess in sessions:
+            if sess.talker_done:
+                # The reply's last frames still go through the codec; its Talker KV is done.
+                self.kv.release(sess.talker_slot, sess.sid)
+                sess.talker_slot = None
+        return result
+
+    def _residual_codes(self, hidden: torch.Tensor, first: torch.Tensor, gens) -> torch.Tensor:
+        """Codebooks 1..Q-1 from the code predictor, for all rows at once -> (B, Q)."""
+        predictor = self.predictor
+        cache = DynamicCache(config=predictor.config)
+        x = torch.stack([hidden, self.module.get_input_embeddings()(first)], dim=1)
+        codes = [first]
+        for k in range(self.num_codes - 1):
+            if k:
+                x = predictor.get_input_embeddings()[k - 1](codes[-1])[:, None]
+            h = predictor.model(inputs_embeds=x, cache=cache, use_cache=True).last_hidden_state
+            logits = predictor.lm_head[k](h[:, -1]).float()
+            codes.append(sample(logits, self.options.residual_sampling, gens))
+        return torch.stack(codes, dim=1)
+
+
+def _codec_suppress(config, codebook: int) -> torch.Tensor:
+    """Talker ids that are neither a code nor codec EOS: never sampled."""
+    allowed = torch.zeros(config.text_config.vocab_size, dtype=torch.bool)
+    allowed[:codebook] = True
+    allowed[config.codec_eos_token_id] = True
+    return ~allowed
+
+
+@torch.inference_mode()
+def _tts_embeddings(model, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tts_bos, tts_eos and tts_pad as Talker text inputs."""
+    config = model.config
+    special = torch.tensor(
+        [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id],
+        device=device,
+    )
+    return model.talker.text_projection(model.thinker.get_input_embeddings()(special)).unbind(0)
+
+
+@torch.inference_mode()
+def _assistant_prefix(
+    model, speaker: str, tts_pad: torch.Tensor, tts_bos: torch.Tensor, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions 3..7 of generate's assistant prefix (0..2 and 8 depend on the reply), and the
+    codec_bos embedding that position 8 adds to the first text token."""
+    config = model.config.talker_config
+    speaker = speaker.lower()
+    if speaker not in config.speaker_id:
+        raise ValueError(f"unknown speaker {speaker!r}; have {sorted(config.speaker_id)}")
+    codec_prefix = torch.tensor(
+        [
+            config.codec_nothink_id,
+            config.codec_think_bos_id,
+            config.codec_think_eos_id,
+            config.speaker_id[speaker],
+            config.codec_pad_id,
+            config.codec_bos_id,
+        ],
+        device=device,
+    )
+    codec_part = model.talker.get_input_embeddings()(codec_prefix)
+    text_part = torch.stack([tts_pad] * 4 + [tts_bos])
+    return text_part + codec_part[:5], codec_part[5]

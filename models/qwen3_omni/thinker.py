@@ -1,0 +1,294 @@
+"""The Thinker side of the Qwen3-Omni adapter: each session's chat context, batched forwards over
+the slot KV, and reply tokens.
+
+New positions wait in a session as pieces (text, audio or image embeddings with their M-RoPE
+positions) until the next forward, which takes every session's pieces at once. A user turn opens
+with the first input after a reply and closes at `begin`; input during a reply ends that reply's
+text. Every forward hands the Talker the positions it conditions on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from models.base import ThinkerToken
+from models.kv import SlotKV
+from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
+from models.qwen3_omni.options import Qwen3OmniOptions, sample
+from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
+from models.qwen3_omni.talker import Talker
+
+
+class ContextTooLong(ValueError):
+    """One input does not fit in the context even after evicting everything evictable."""
+
+
+class Thinker:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        kv: SlotKV,
+        talker: Talker,
+        options: Qwen3OmniOptions,
+        device,
+        dtype,
+    ) -> None:
+        self.module = model.thinker
+        self.lm = model.thinker.model.language_model
+        self.tokenizer = tokenizer
+        self.kv, self.talker, self.options = kv, talker, options
+        self.device, self.dtype = device, dtype
+        self.ids = token_ids(tokenizer, model.config)
+        self.eos_ids = sorted(self.ids["eos"])
+        vocab = model.config.thinker_config.text_config.vocab_size
+        self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
+
+    def start(self, sess: Session) -> None:
+        """Put the system prompt, if any, at the head of a new session's context."""
+        if not self.options.system_prompt:
+            return
+        ids = self.ids
+        text = self.tokenizer.encode(self.options.system_prompt, add_special_tokens=False)
+        tokens = [
+            ids["im_start"],
+            ids["system"],
+            ids["newline"],
+            *text,
+            ids["im_end"],
+            ids["newline"],
+        ]
+        self.push_text(sess, tokens, OTHER)
+        sess.keep = len(tokens)
+
+    @torch.inference_mode()
+    def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
+        ids = torch.tensor(tokens, device=self.device)
+        embeds = self.module.get_input_embeddings()(ids)
+        self.push(sess, embeds, role)
+
+    def push(
+        self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False
+    ) -> None:
+        n = embeds.shape[0]
+        pos = torch.arange(sess.next_pos, sess.next_pos + n).expand(3, -1)
+        sess.pending.append(Piece(embeds, pos, role, multimodal))
+        sess.next_pos += n
+
+    def push_vision(self, sess: Session, feats: VisionFeatures) -> None:
+        h, w = feats.grid
+        start = sess.next_pos
+        hh = torch.arange(h)[:, None].expand(h, w).flatten()
+        ww = torch.arange(w)[None, :].expand(h, w).flatten()
+        pos = torch.stack([torch.zeros_like(hh), hh, ww]) + start
+        sess.pending.append(Piece(feats.embeds, pos, USER, True, feats.deepstack))
+        sess.next_pos = start + max(h, w)
+
+    def close_reply(self, sess: Session) -> None:
+        """End the assistant turn in the Thinker context (its tokens were fed except the last)."""
+        ids = self.ids
+        tokens = [] if sess.last_token in (None, *ids["eos"]) else [sess.last_token]
+        self.push_text(sess, [*tokens, ids["im_end"], ids["newline"]], OTHER)
+        sess.last_token = None
+        sess.thinker_done = True
+        sess.turn = None
+
+    def open_user(self, sess: Session) -> None:
+        if sess.turn == "assistant":
+            self.close_reply(sess)
+        if sess.turn is None:
+            ids = self.ids
+            self.push_text(sess, [ids["im_start"], ids["user"], ids["newline"]], USER)
+            sess.turn = "user"
+
+    def close_audio(self, sess: Session) -> None:
+        if sess.audio_open:
+            self.push_text(sess, [self.ids["audio_end"]], USER)
+            sess.audio_open = False
+
+    def prefill(self, sessions: list[Session], features: list[Any]) -> None:
+        for feat in features:
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, str, type(None))):
+                raise TypeError(f"cannot prefill {type(feat).__name__}")
+        ids = self.ids
+        rows = []
+        for sess, feat in zip(sessions, features, strict=True):
+            if feat is None:
+                continue
+            self.open_user(sess)
+            if isinstance(feat, AudioFeatures):
+                if not sess.audio_open:
+                    self.push_text(sess, [ids["audio_start"]], USER)
+                    sess.audio_open = True
+                self.push(sess, feat.embeds.to(self.dtype), USER, multimodal=True)
+            else:
+                self.close_audio(sess)
+                if isinstance(feat, VisionFeatures):
+                    self.push_text(sess, [ids["vision_start"]], USER)
+                    self.push_vision(sess, feat)
+                    self.push_text(sess, [ids["vision_end"]], USER)
+                else:
+                    text = self.tokenizer.encode(feat, add_special_tokens=False)
+                    self.push_text(sess, text, USER)
+            rows.append(sess)
+        if rows:
+            self.forward(rows)
+
+    def begin(self, sess: Session) -> None:
+        """Close the user turn and open the assistant's; the previous reply must be ended."""
+        ids = self.ids
+        if sess.turn == "assistant":
+            self.close_reply(sess)
+        if sess.turn == "user":
+            self.close_audio(sess)
+            self.push_text(sess, [ids["im_end"], ids["newline"]], USER)
+        self.push_text(sess, [ids["im_start"], ids["assistant"], ids["newline"]], PREFIX)
+        sess.turn = "assistant"
+        sess.responding, sess.thinker_done = True, False
+        sess.token_ids, sess.prefix_offset, sess.read_offset = [], 0, 0
+        sess.talker_done = False
+
+    def forward(self, sessions: list[Session]) -> torch.Tensor:
+        """One forward over every session's pending pieces -> each row's last hidden state."""
+        opts = self.options
+        pieces = [sess.pending for sess in sessions]
+        new = [sum(p.embeds.shape[0] for p in row) for row in pieces]
+        for sess, n in zip(sessions, new, strict=True):
+            if sess.thinker_slot is None:
+                sess.thinker_slot = self.kv.acquire(sess.sid)
+            length = self.kv.length[sess.thinker_slot]
+            if length + n > opts.max_context:
+                room = opts.max_context - sess.keep
+                if n > room:
+                    raise ContextTooLong(f"{sess.sid}: {n} new positions, {room} evictable")
+                drop = min(
+                    max(length + n - opts.max_context, opts.max_context // 4), length - sess.keep
+                )
+                self.kv.evict(sess.thinker_slot, sess.keep, drop)
+        q, batch = max(new), len(sessions)
+        embeds = torch.nn.utils.rnn.pad_sequence(
+            [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
+        )
+        positions = torch.zeros(3, batch, q, dtype=torch.long)
+        role = torch.zeros(batch, q, dtype=torch.long)
+        multimodal = torch.zeros(batch, q, dtype=torch.bool)
+        visual = torch.zeros(batch, q, dtype=torch.bool)
+        deep: list[list[torch.Tensor]] = []
+        for b, row in enumerate(pieces):
+            at = 0
+            for piece in row:
+                n = piece.embeds.shape[0]
+                positions[:, b, at : at + n] = piece.positions
+                role[b, at : at + n] = piece.role
+                multimodal[b, at : at + n] = piece.multimodal
+                if piece.deepstack is not None:
+                    visual[b, at : at + n] = True
+                    deep = deep or [[] for _ in piece.deepstack]
+                    for layer, feats in zip(deep, piece.deepstack, strict=True):
+                        layer.append(feats)
+                at += n
+            # Padding repeats the last position so rotary phases stay in range.
+            positions[:, b, at:] = positions[:, b, at - 1 : at]
+        user_mm = multimodal & (role == USER)
+        capture = bool(user_mm.any())
+        accept = self.talker.accept_layer
+        kv = self.kv.bind([s.thinker_slot for s in sessions], [s.sid for s in sessions], new)
+        out = self.lm(
+            inputs_embeds=embeds,
+            attention_mask=kv.mask,
+            position_ids=positions.to(self.device),
+            cache=kv,
+            use_cache=True,
+            visual_pos_masks=visual.to(self.device) if deep else None,
+            deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
+            output_hidden_states=[accept] if capture else False,
+        )
+        kv.commit()
+        for sess in sessions:
+            sess.pending = []
+        accepted = out.hidden_states[accept] if capture else None
+        self.talker.take_context(sessions, embeds, accepted, role, multimodal, user_mm)
+        last = torch.tensor(new, device=self.device) - 1
+        return out.last_hidden_state[torch.arange(batch, device=self.device), last]
+
+    def decode(self, sessions: list[Session]) -> list[ThinkerToken]:
+        active = [s for s in sessions if s.responding and not s.thinker_done]
+        results: dict[int, ThinkerToken] = {}
+        if active:
+            embed = self.module.get_input_embeddings()
+            fed = [sess for sess in active if sess.last_token is not None]
+            if fed:
+                ids = torch.tensor([sess.last_token for sess in fed], device=self.device)
+                embeds = embed(ids)
+                for i, sess in enumerate(fed):
+                    self.push(sess, embeds[i : i + 1], OTHER)
+            last = self.forward(active)
+            logits = self.module.lm_head(last).float()
+            logits[:, self.suppress] = -math.inf
+            opts = self.options
+            for b, sess in enumerate(active):
+                if len(sess.token_ids) < opts.min_text_tokens:
+                    logits[b, self.eos_ids] = -math.inf
+            tokens = sample(logits, opts.thinker_sampling, [s.thinker_gen for s in active])
+            conditioning = self.talker.conditioning(embed(tokens))
+            for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
+                sess.last_token = tok
+                is_eos = tok in self.ids["eos"]
+                sess.token_ids.append(tok)
+                sess.thinker_done = is_eos or len(sess.token_ids) >= opts.max_text_tokens
+                results[id(sess)] = ThinkerToken(
+                    self._detokenize(sess), conditioning[b], sess.thinker_done
+                )
+        return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
+
+    def _detokenize(self, sess: Session) -> str:
+        """The text the newest token completes; bytes of an unfinished character wait."""
+        decode = self.tokenizer.decode
+        ids = sess.token_ids
+        before = decode(ids[sess.prefix_offset : sess.read_offset], skip_special_tokens=True)
+        after = decode(ids[sess.prefix_offset :], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            sess.prefix_offset, sess.read_offset = sess.read_offset, len(ids)
+            return after[len(before) :]
+        return ""
+
+
+def token_ids(tok, cfg) -> dict[str, Any]:
+    """The ids of the chat template's tokens, and every id that ends a reply ("eos")."""
+
+    def one(text: str) -> int:
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is not one token in this tokenizer")
+        return ids[0]
+
+    eos = {cfg.im_end_token_id}
+    for name in ("eos_token", "pad_token"):
+        if getattr(tok, name, None) in ("<|im_end|>", "<|endoftext|>"):
+            eos.add(tok.convert_tokens_to_ids(getattr(tok, name)))
+    return {
+        "im_start": cfg.im_start_token_id,
+        "im_end": cfg.im_end_token_id,
+        "system": cfg.system_token_id,
+        "user": cfg.user_token_id,
+        "assistant": cfg.assistant_token_id,
+        "newline": one("\n"),
+        "audio_start": one(tok.audio_bos_token),
+        "audio_end": one(tok.audio_eos_token),
+        "vision_start": one(tok.vision_bos_token),
+        "vision_end": one(tok.vision_eos_token),
+        "eos": eos,
+    }
+
+
+def _suppressed(tokenizer, vocab: int, eos: set[int]) -> torch.Tensor:
+    """Ids a reply never samples: past the tokenizer, and special tokens other than EOS."""
+    suppress = torch.zeros(vocab, dtype=torch.bool)
+    suppress[len(tokenizer) :] = True
+    for tok_id, added in tokenizer.added_tokens_decoder.items():
+        if added.special and tok_id < vocab and tok_id not in eos:
+            suppress[tok_id] = True
+    return suppress
