@@ -142,17 +142,6 @@ class DuplexModel(ABC):
         """The codec's offline decoder, for the bench; None where there is none (echo)."""
         return None
 
-    def codec_stream_vs_offline(self) -> dict[str, Any] | None:
-        """The bench's codec measurement (`duplex.bench.codec`) on this model.
-
-        It is a method here only because the engine runs queries by method name in the process
-        that holds the model. It decodes through this adapter's own states and pools, so it must
-        run while the engine serves no session.
-        """
-        from duplex.bench.codec import stream_vs_offline
-
-        return stream_vs_offline(self)
-
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:
         """Codes per session, (Q,) for one Talker frame or (Q, T) -> float32 PCM at output_rate."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from duplex.bench.codec import stream_vs_offline
 from duplex.bench.synth import babble
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.engine import resolve_torch_threads
@@ -268,7 +269,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                     result = asyncio.run(run_mode(engine, vad, sessions, duration_s))
                 modes[mode] = result
                 if codec_ratio is None:
-                    codec_ratio = engine.query("codec_stream_vs_offline")
+                    codec_ratio = engine.query(stream_vs_offline)
             finally:
                 engine.stop()
     finally:

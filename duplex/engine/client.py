@@ -220,9 +220,10 @@ class EngineClient(ABC):
         reply = self._ask(lambda token: m.Barrier(token), timeout_s)
         return reply is not None
 
-    def query(self, name: str, timeout_s: float = 600.0) -> Any:
-        """Call the model's method `name` (no arguments) where the model lives; its result."""
-        reply = self._ask(lambda token: m.Query(token, name), timeout_s)
+    def query(self, fn: Callable[[Any], Any], timeout_s: float = 600.0) -> Any:
+        """`fn(model)` run where the model lives (a module-level function); its result."""
+        name = getattr(fn, "__qualname__", repr(fn))
+        reply = self._ask(lambda token: m.Query(token, fn), timeout_s)
         if self._gone is not None:
             raise RuntimeError(f"engine process is not running ({self._gone})")
         if reply is None:

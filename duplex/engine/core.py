@@ -205,9 +205,8 @@ class EngineCore:
         self.emit(m.Reply(r.token, True))
 
     def _query(self, r: m.Query) -> None:
-        method = getattr(self.model, r.name, None)
         try:
-            self.emit(m.Reply(r.token, method() if callable(method) else None))
+            self.emit(m.Reply(r.token, r.fn(self.model)))
         except Exception as exc:
             self.emit(m.Reply(r.token, None, f"{type(exc).__name__}: {exc}"))
 

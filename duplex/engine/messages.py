@@ -9,6 +9,7 @@ Modelled on vLLM v1's EngineCoreRequest / EngineCoreOutputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +88,12 @@ class Barrier:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """Call the model's method `name` (no arguments) on the engine's thread; answered with a
-    Reply holding its result. For measurements run while the engine is idle."""
+    """Run `fn(model)` on the engine's thread, where the model lives; answered with a Reply
+    holding its result. For measurements run while the engine is idle. `fn` is a module-level
+    function, so it crosses to an engine process by name."""
 
     token: int
-    name: str
+    fn: Callable[[Any], Any]
 
 
 Request = (

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from duplex.bench.codec import stream_vs_offline
 from duplex.engine import (
     AdmissionRefused,
     ChildSpec,
@@ -16,6 +17,7 @@ from duplex.engine import (
     ResponseFinished,
     SessionFailed,
 )
+from models.echo import EchoModel
 
 
 def test_a_missing_checkpoint_fails_the_start_with_the_childs_reason(tmp_path):
@@ -32,7 +34,7 @@ def test_the_model_facts_callers_need_come_back_from_the_child():
         assert (engine.model.name, engine.model.input_rate, engine.model.output_rate) == (
             "echo", 24000, 24000)
         assert engine.model.device == "cpu"
-        assert engine.query("no_such_method") is None
+        assert engine.query(stream_vs_offline) is None  # echo has no codec to measure
     finally:
         engine.stop()
 
@@ -42,7 +44,7 @@ def test_a_call_that_raises_in_the_child_is_answered_and_the_engine_serves_on():
     engine.start()
     try:
         with pytest.raises(RuntimeError, match=r"new_state failed in the engine: TypeError"):
-            engine.query("new_state")
+            engine.query(EchoModel.new_state)  # without a session id
         finished = threading.Event()
         engine.open("a", lambda e: isinstance(e, ResponseFinished) and finished.set())
         engine.push_audio("a", np.ones(4800, np.float32))
@@ -83,6 +85,6 @@ def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
         engine.commit("a", 1)
         assert engine.wait_idle() is False
         with pytest.raises(RuntimeError, match="engine process is not running"):
-            engine.query("codec_stream_vs_offline")
+            engine.query(stream_vs_offline)
     finally:
         engine.stop()

@@ -41,4 +41,4 @@ def test_streaming_is_measured_against_offline_and_matches_it(adapter):
 
 
 def test_a_model_without_a_codec_has_no_measurement():
-    assert EchoModel().codec_stream_vs_offline() is None
+    assert stream_vs_offline(EchoModel()) is None
