@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.reply import ReplySpec
+
 
 class SlotState(Protocol):
     """One part of a session's state: what it holds, and how to give it back."""
@@ -39,6 +41,15 @@ class ModelState:
 
     session_id: str
     slots: dict[str, SlotState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TextTurn:
+    """Text for the Thinker's context: the user's words, or the output of a tool it called."""
+
+    text: str
+    role: str = "user"
+    """user | tool"""
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,10 @@ class DuplexModel(ABC):
     max_thinker_lead: int = 4
     """Thinker tokens that may wait for the Talker; 1 makes the two strictly alternate."""
     accepts_text: bool = False
-    """Whether `thinker_prefill` takes text (str) features from text items."""
+    """Whether `thinker_prefill` takes `TextTurn` features (text items, tool outputs)."""
+    voices: tuple[str, ...] = ()
+    """The Talker's speakers, by the names its checkpoint gives them."""
+    default_voice: str | None = None
     supports_video: bool = False
     """Whether `encode_video` and video features in `thinker_prefill` mean anything."""
     accepts_partial_chunks: bool = False
@@ -125,9 +139,16 @@ class DuplexModel(ABC):
     def thinker_prefill(self, states: list[ModelState], features: list[Any]) -> None:
         """Append encoded input to each session's Thinker context."""
 
+    def instruct(self, state: ModelState, instructions: str,
+                 tools: tuple[dict[str, Any], ...]) -> None:
+        """The session's instructions and tools, told as soon as they are set, so the system
+        turn can open a context that has none yet. Models without one ignore it."""
+        return None
+
     @abstractmethod
-    def begin_response(self, state: ModelState) -> None:
-        """Close the user turn in the Thinker context and prepare the reply."""
+    def begin_response(self, state: ModelState, spec: ReplySpec | None = None) -> None:
+        """Close the user turn in the Thinker context and prepare the reply `spec` asks for
+        (None: the model's defaults)."""
 
     @abstractmethod
     def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]: ...

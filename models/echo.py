@@ -1,31 +1,42 @@
-"""The echo reference model: its reply is the user's committed audio, unchanged.
+"""The echo reference model: its reply is what the user said, unchanged.
 
-Deterministic and free of weights, it gives tests an exact oracle for the timeline: what goes
-in comes back sample for sample, one codec frame per Talker step, after the turn ends.
-Text: the reply's transcript is one word per frame ("frame0 frame1 ..."), so truncation at the
-playback watermark is visible in the transcript too.
+Deterministic and free of weights, it gives tests an exact oracle. After an audio turn the
+reply is the user's committed audio, sample for sample, one codec frame per Talker step, and
+its transcript is one word per frame ("frame0 frame1 ..."), so truncation at the playback
+watermark is visible in the transcript too. After text (a user text item, or a tool's output)
+the reply's text is that text verbatim, written a word at a time through the same Thinker-output
+handling a real checkpoint's text goes through (so a `<tool_call>` block in it comes back as a
+function call); each word is voiced as one frame of a quiet tone.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from models.base import DuplexModel, ModelState, TalkerFrame, ThinkerToken
+from models.base import DuplexModel, ModelState, TalkerFrame, TextTurn, ThinkerToken
+from models.reply import ReplySpec
 
 RATE = 24000
 FRAME = 1920
 STATE_KEY = "echo"
+_WORD_TONE = (0.1 * np.sin(2 * np.pi * 220 * np.arange(FRAME) / RATE)).astype(np.float32)
 
 
 @dataclass
 class _Echo:
     heard: list[np.ndarray] = field(default_factory=list)
-    """Input since the last reply began."""
+    """Audio since the last reply began."""
+    said: list[str] = field(default_factory=list)
+    """Text since the last reply began."""
     reply: np.ndarray | None = None
+    words: list[str] | None = None
+    """A text reply's pieces still to write; None for an audio reply."""
     cursor: int = 0
-    """Samples of the reply handed out so far."""
+    """Samples (audio) or pieces (text) of the reply handed out so far."""
 
     @property
     def nbytes(self) -> int:
@@ -33,7 +44,7 @@ class _Echo:
         return sum(chunk.nbytes for chunk in self.heard) + reply
 
     def release(self) -> None:
-        self.heard, self.reply, self.cursor = [], None, 0
+        self.heard, self.said, self.reply, self.words, self.cursor = [], [], None, None, 0
 
 
 class EchoModel(DuplexModel):
@@ -43,13 +54,14 @@ class EchoModel(DuplexModel):
     input_chunk_samples = FRAME
     frame_samples = FRAME
     accepts_partial_chunks = True
+    accepts_text = True
 
     def new_state(self, session_id: str) -> ModelState:
         return ModelState(session_id, {STATE_KEY: _Echo()})
 
     def reset_response(self, state: ModelState) -> None:
         echo = state.slots[STATE_KEY]
-        echo.reply, echo.cursor = None, 0
+        echo.reply, echo.words, echo.cursor = None, None, 0
 
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(chunk, dtype=np.float32).copy() for chunk in chunks]
@@ -57,26 +69,41 @@ class EchoModel(DuplexModel):
     def clear_input(self, state: ModelState) -> None:
         state.slots[STATE_KEY].heard = []
 
-    def thinker_prefill(self, states: list[ModelState], features: list[np.ndarray]) -> None:
+    def thinker_prefill(self, states: list[ModelState], features: list[Any]) -> None:
         for state, feature in zip(states, features, strict=True):
-            state.slots[STATE_KEY].heard.append(feature)
+            echo = state.slots[STATE_KEY]
+            if isinstance(feature, TextTurn):
+                echo.said.append(feature.text)
+            elif feature is not None:
+                echo.heard.append(feature)
 
-    def begin_response(self, state: ModelState) -> None:
+    def begin_response(self, state: ModelState, spec: ReplySpec | None = None) -> None:
         echo = state.slots[STATE_KEY]
-        echo.reply = np.concatenate(echo.heard) if echo.heard else np.zeros(0, np.float32)
-        echo.heard, echo.cursor = [], 0
+        if echo.said:
+            # Whitespace stays with the word before it, so the pieces add up to the text.
+            echo.words = re.findall(r"\S+\s*|\s+", "".join(echo.said))
+            echo.reply = None
+        else:
+            echo.words = None
+            echo.reply = np.concatenate(echo.heard) if echo.heard else np.zeros(0, np.float32)
+        echo.heard, echo.said, echo.cursor = [], [], 0
 
     def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]:
-        out = []
-        for state in states:
-            echo = state.slots[STATE_KEY]
-            reply, cursor = echo.reply, echo.cursor
-            n_frames = -(-len(reply) // FRAME)
-            index = cursor // FRAME
-            echo.cursor = cursor + FRAME
-            text = f"frame{index} " if index < n_frames else ""
-            out.append(ThinkerToken(text, reply[cursor : cursor + FRAME], index + 1 >= n_frames))
-        return out
+        return [self._next_token(state.slots[STATE_KEY]) for state in states]
+
+    @staticmethod
+    def _next_token(echo: _Echo) -> ThinkerToken:
+        if echo.words is not None:
+            index = echo.cursor
+            echo.cursor += 1
+            word = echo.words[index] if index < len(echo.words) else ""
+            return ThinkerToken(word, _WORD_TONE, index + 1 >= len(echo.words))
+        reply, cursor = echo.reply, echo.cursor
+        n_frames = -(-len(reply) // FRAME)
+        index = cursor // FRAME
+        echo.cursor = cursor + FRAME
+        text = f"frame{index} " if index < n_frames else ""
+        return ThinkerToken(text, reply[cursor : cursor + FRAME], index + 1 >= n_frames)
 
     def talker_step(
         self, states: list[ModelState], tokens: list[ThinkerToken | None]

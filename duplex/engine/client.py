@@ -26,6 +26,7 @@ from duplex.engine.core import EngineConfig
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
+from models.base import TextTurn
 from models.reply import ReplySpec
 
 log = logging.getLogger("duplex.engine")
@@ -71,12 +72,14 @@ class ModelInfo:
     accepts_text: bool
     accepts_partial_chunks: bool
     input_chunk_samples: int
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
 
     @classmethod
     def of(cls, model) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
-                   model.input_chunk_samples)
+                   model.input_chunk_samples, tuple(model.voices), model.default_voice)
 
 
 @dataclass
@@ -149,13 +152,19 @@ class EngineClient(ABC):
             self._submit(m.PushFrame(session_id, frame))
         return True
 
-    def push_text(self, session_id: str, text: str) -> bool:
-        """User text into the Thinker context; False if the model takes no text."""
+    def push_text(self, session_id: str, text: str, role: str = "user") -> bool:
+        """Text into the Thinker context (the user's, or a tool's output); False if the model
+        takes no text."""
         if not self.model.accepts_text:
             return False
         if self._check_open(session_id):
-            self._submit(m.PushText(session_id, text))
+            self._submit(m.PushText(session_id, TextTurn(text, role)))
         return True
+
+    def instruct(self, session_id: str, instructions: str,
+                 tools: tuple[dict[str, Any], ...]) -> None:
+        if self._check_open(session_id):
+            self._submit(m.Instruct(session_id, instructions, tools))
 
     def commit(self, session_id: str, epoch: int, spec: ReplySpec | None = None) -> None:
         """Reply, in `epoch`, to everything pushed so far (a partial last chunk included), as

@@ -184,7 +184,10 @@ class EngineCore:
         self._refresh_bytes(r.session_id)
 
     def _push_text(self, r: m.PushText) -> None:
-        self.scheduler.push_text(r.session_id, r.text, time.monotonic(), self.version)
+        self.scheduler.push_text(r.session_id, r.turn, time.monotonic(), self.version)
+
+    def _instruct(self, r: m.Instruct) -> None:
+        self.model.instruct(self._states[r.session_id], r.instructions, r.tools)
 
     def _commit(self, r: m.Commit) -> None:
         self.scheduler.commit(r.session_id, r.epoch, r.at, r.spec)
@@ -227,7 +230,8 @@ class EngineCore:
 
     def _step(self, plan: StepPlan, start: float) -> None:
         for e in plan.begin:
-            self.model.begin_response(self._states[e.session_id])
+            spec = self.scheduler.sessions[e.session_id].response.spec
+            self.model.begin_response(self._states[e.session_id], spec)
         results = StageResults()
         for batch in plan.batches:
             st = self.stats.stages[batch.stage.value]
@@ -282,6 +286,7 @@ _APPLY: dict[type, Callable[[EngineCore, Any], None]] = {
     m.PushAudio: EngineCore._push_audio,
     m.PushFrame: EngineCore._push_frame,
     m.PushText: EngineCore._push_text,
+    m.Instruct: EngineCore._instruct,
     m.Commit: EngineCore._commit,
     m.ClearInput: EngineCore._clear_input,
     m.CancelReply: EngineCore._cancel,

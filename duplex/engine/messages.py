@@ -24,6 +24,7 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
+from models.base import TextTurn
 from models.reply import ReplySpec
 
 # -- requests ---------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ class PushFrame:
 @dataclass(frozen=True, slots=True)
 class PushText:
     session_id: str
-    text: str
+    turn: TextTurn
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,15 @@ class CloseSession:
 
 
 @dataclass(frozen=True, slots=True)
+class Instruct:
+    """The session's instructions and tools changed (the model places its system turn)."""
+
+    session_id: str
+    instructions: str
+    tools: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Barrier:
     """Answered with a Report and then a Reply once every request before it is applied."""
 
@@ -97,10 +107,11 @@ class Query:
 
 
 Request = (
-    OpenSession | PushAudio | PushFrame | PushText | Commit | ClearInput | CancelReply
-    | CloseSession | Barrier | Query
+    OpenSession | PushAudio | PushFrame | PushText | Instruct | Commit | ClearInput
+    | CancelReply | CloseSession | Barrier | Query
 )
-SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Commit, ClearInput, CancelReply, CloseSession)
+SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Instruct, Commit, ClearInput, CancelReply,
+                    CloseSession)
 """Requests about one open session: moot once it is closed."""
 
 # -- outputs ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from duplex.engine.payload import INPUT_KINDS, Kind, Payload
 from duplex.engine.thinker_text import Piece, Speech, ThinkerText
-from models.base import TalkerFrame, ThinkerToken
+from models.base import TalkerFrame, TextTurn, ThinkerToken
 from models.reply import ReplySpec
 
 
@@ -254,9 +254,9 @@ class Scheduler:
         """A sampled camera frame, placed in the input sequence at the audio received so far."""
         self._push(session_id, Kind.FRAME_IN, frame, 0, now, version)
 
-    def push_text(self, session_id: str, text: str, now: float, version: str) -> None:
+    def push_text(self, session_id: str, turn: TextTurn, now: float, version: str) -> None:
         """Text needs no encoder: it joins the encoded input directly, in arrival order."""
-        self._push(session_id, Kind.FEATURES, text, 0, now, version)
+        self._push(session_id, Kind.FEATURES, turn, 0, now, version)
 
     def _push(self, session_id: str, kind: Kind, data: Any, n_samples: int, now: float,
               version: str) -> None:

@@ -48,6 +48,7 @@ from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, Thin
 from models.kv import KVBatch, SlidingKV, tensor_bytes
 from models.moshi import tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
+from models.reply import ReplySpec
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ class MoshiAdapter(DuplexModel):
         moshi = torch.full_like(user, self.audio_none)
         self._main_step(listening, self._embed(text, moshi, user), counts)
 
-    def begin_response(self, state: ModelState) -> None:
+    def begin_response(self, state: ModelState, spec: ReplySpec | None = None) -> None:
         turn = state.slots["turn"]
         self._end_response(turn)
         turn.responding = True

@@ -32,6 +32,7 @@ from models.qwen3_omni.session import Pools, Session
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.thinker import ContextTooLong, Thinker
 from models.qwen3_omni.tiny import load, load_options, load_preprocessor, load_tokenizer
+from models.reply import ReplySpec
 
 __all__ = [
     "OUTPUT_RATE",
@@ -111,6 +112,8 @@ class Qwen3OmniAdapter(DuplexModel):
         self._thinker = Thinker(
             model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype
         )
+        self.voices = self._talker.voices
+        self.default_voice = options.speaker.lower()
 
     @classmethod
     def from_pretrained(
@@ -194,10 +197,20 @@ class Qwen3OmniAdapter(DuplexModel):
         self._thinker.prefill(self._sessions(states), features)
 
     @torch.inference_mode()
-    def begin_response(self, state: ModelState) -> None:
+    def instruct(self, state: ModelState, instructions: str,
+                 tools: tuple[dict[str, Any], ...]) -> None:
+        self._thinker.instruct(self._session(state), instructions, tools)
+
+    @torch.inference_mode()
+    def begin_response(self, state: ModelState, spec: ReplySpec | None = None) -> None:
+        spec = spec or ReplySpec()
         sess = self._session(state)
         sess.end_reply()
-        self._thinker.begin(sess)
+        sess.voice = (spec.voice or self.default_voice).lower()
+        if sess.voice not in self.voices:
+            raise ValueError(f"unknown voice {spec.voice!r}; have {', '.join(self.voices)}")
+        sess.temperature = spec.temperature
+        self._thinker.begin(sess, spec.instructions, spec.tools)
 
     @torch.inference_mode()
     def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]:

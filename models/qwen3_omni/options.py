@@ -57,3 +57,16 @@ def sample(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator]
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -math.inf))
     probs = logits.softmax(-1)
     return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)])
+
+
+def sample_rows(logits: torch.Tensor, samplings: list[Sampling],
+                gens: list[torch.Generator]) -> torch.Tensor:
+    """`sample` with a sampling of its own for each row; rows that share one share a call."""
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    groups: dict[Sampling, list[int]] = {}
+    for row, sampling in enumerate(samplings):
+        groups.setdefault(sampling, []).append(row)
+    for sampling, rows in groups.items():
+        index = torch.tensor(rows, device=logits.device)
+        out[index] = sample(logits[index], sampling, [gens[r] for r in rows])
+    return out

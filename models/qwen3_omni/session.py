@@ -48,6 +48,11 @@ class Session:
     thinker_slot: int | None = None
     keep: int = 0
     """Leading Thinker positions (the system prompt) that eviction never drops."""
+    system: str | None = None
+    """The system turn the context holds last (instructions and tools), as rendered."""
+    voice: str = ""
+    temperature: float | None = None
+    """This reply's; None for the adapter's own Thinker sampling."""
     next_pos: int = 0
     turn: str | None = None
     audio_open: bool = False

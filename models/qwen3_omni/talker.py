@@ -33,9 +33,14 @@ class Talker:
         self.codec_eos = config.codec_eos_token_id
         self.codec_suppress = _codec_suppress(config, self.predictor.config.vocab_size).to(device)
         self.tts_bos, self.tts_eos, self.tts_pad = _tts_embeddings(model, device)
-        self.assistant_middle, self.codec_bos = _assistant_prefix(
-            model, options.speaker, self.tts_pad, self.tts_bos, device
-        )
+        self.voices = tuple(sorted(config.speaker_id))
+        # Each speaker's fixed part of the assistant prefix, built once.
+        self._prefixes = {
+            voice: _assistant_prefix(model, voice, self.tts_pad, self.tts_bos, device)
+            for voice in self.voices
+        }
+        if options.speaker.lower() not in self._prefixes:
+            raise ValueError(f"unknown speaker {options.speaker!r}; have {list(self.voices)}")
 
     def conditioning(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker input embeddings of reply tokens -> the Talker's text input for them."""
@@ -109,9 +114,8 @@ class Talker:
         first = sess.text_queue.popleft()
         # generate()'s assistant prefix: <|im_start|>assistant\n with no codec part, the fixed
         # middle, then the first text token together with codec_bos.
-        assistant = torch.cat(
-            [sess.talker_prefix, self.assistant_middle, (first + self.codec_bos)[None]]
-        )
+        middle, codec_bos = self._prefixes[sess.voice or self.options.speaker.lower()]
+        assistant = torch.cat([sess.talker_prefix, middle, (first + codec_bos)[None]])
         sess.talker_slot = self.kv.acquire(sess.sid)
         return torch.cat([*sess.talker_ctx, assistant])
 

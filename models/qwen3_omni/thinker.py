@@ -9,15 +9,17 @@ text. Every forward hands the Talker the positions it conditions on.
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from models.base import ThinkerToken
+from models.base import TextTurn, ThinkerToken
 from models.kv import SlotKV
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
-from models.qwen3_omni.options import Qwen3OmniOptions, sample
+from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
 
@@ -48,21 +50,36 @@ class Thinker:
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
 
     def start(self, sess: Session) -> None:
-        """Put the system prompt, if any, at the head of a new session's context."""
-        if not self.options.system_prompt:
+        """Open a new session's context with the server's own system prompt, if it has one."""
+        self._system_turn(sess, render_system(self.options.system_prompt or "", ()))
+
+    def instruct(self, sess: Session, instructions: str, tools: tuple[dict[str, Any], ...]) -> None:
+        """Instructions set before any input open the context (the system turn at its head, as
+        the chat template lays it out); later ones wait for the next reply (`begin`)."""
+        if sess.next_pos == sess.keep:
+            self._system_turn(sess, self._system_text(instructions, tools))
+
+    def _system_text(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> str:
+        return render_system(instructions or self.options.system_prompt or "", tools)
+
+    def _system_turn(self, sess: Session, text: str) -> None:
+        """Make `text` the context's system turn: at its head while it holds nothing else
+        (never forwarded, so the old head can simply be replaced), else appended here."""
+        if text == (sess.system or ""):
+            return
+        head = sess.next_pos == sess.keep
+        if head:
+            sess.pending, sess.next_pos, sess.keep = [], 0, 0
+        sess.system = text
+        if not text:
             return
         ids = self.ids
-        text = self.tokenizer.encode(self.options.system_prompt, add_special_tokens=False)
-        tokens = [
-            ids["im_start"],
-            ids["system"],
-            ids["newline"],
-            *text,
-            ids["im_end"],
-            ids["newline"],
-        ]
+        body = self.tokenizer.encode(text, add_special_tokens=False)
+        tokens = [ids["im_start"], ids["system"], ids["newline"], *body, ids["im_end"],
+                  ids["newline"]]
         self.push_text(sess, tokens, OTHER)
-        sess.keep = len(tokens)
+        if head:
+            sess.keep = len(tokens)
 
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
@@ -111,7 +128,7 @@ class Thinker:
 
     def prefill(self, sessions: list[Session], features: list[Any]) -> None:
         for feat in features:
-            if not isinstance(feat, (AudioFeatures, VisionFeatures, str, type(None))):
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, type(None))):
                 raise TypeError(f"cannot prefill {type(feat).__name__}")
         ids = self.ids
         rows = []
@@ -131,20 +148,24 @@ class Thinker:
                     self.push_vision(sess, feat)
                     self.push_text(sess, [ids["vision_end"]], USER)
                 else:
-                    text = self.tokenizer.encode(feat, add_special_tokens=False)
-                    self.push_text(sess, text, USER)
+                    self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
         if rows:
             self.forward(rows)
 
-    def begin(self, sess: Session) -> None:
-        """Close the user turn and open the assistant's; the previous reply must be ended."""
+    def begin(self, sess: Session, instructions: str = "",
+              tools: tuple[dict[str, Any], ...] = ()) -> None:
+        """Close the user turn and open the assistant's; the previous reply must be ended.
+        Instructions (or tools) other than the context's latest system turn come in a system
+        turn of their own just before the reply."""
         ids = self.ids
         if sess.turn == "assistant":
             self.close_reply(sess)
         if sess.turn == "user":
             self.close_audio(sess)
             self.push_text(sess, [ids["im_end"], ids["newline"]], USER)
+            sess.turn = None
+        self._system_turn(sess, self._system_text(instructions, tools))
         self.push_text(sess, [ids["im_start"], ids["assistant"], ids["newline"]], PREFIX)
         sess.turn = "assistant"
         sess.responding, sess.thinker_done = True, False
@@ -232,7 +253,10 @@ class Thinker:
             for b, sess in enumerate(active):
                 if len(sess.token_ids) < opts.min_text_tokens:
                     logits[b, self.eos_ids] = -math.inf
-            tokens = sample(logits, opts.thinker_sampling, [s.thinker_gen for s in active])
+            base = opts.thinker_sampling
+            samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
+                         for s in active]
+            tokens = sample_rows(logits, samplings, [s.thinker_gen for s in active])
             conditioning = self.talker.conditioning(embed(tokens))
             for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
                 sess.last_token = tok
@@ -243,6 +267,13 @@ class Thinker:
                     self._detokenize(sess), conditioning[b], sess.thinker_done
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
+
+    def _text_tokens(self, turn: TextTurn) -> list[int]:
+        """A tool's output goes in the user turn inside the template's tool_response tags."""
+        text = turn.text
+        if turn.role == "tool":
+            text = f"<tool_response>\n{text}\n</tool_response>"
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _detokenize(self, sess: Session) -> str:
         """The text the newest token completes; bytes of an unfinished character wait."""
@@ -292,3 +323,26 @@ def _suppressed(tokenizer, vocab: int, eos: set[int]) -> torch.Tensor:
         if added.special and tok_id < vocab and tok_id not in eos:
             suppress[tok_id] = True
     return suppress
+
+
+_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def render_system(instructions: str, tools: tuple[dict[str, Any], ...]) -> str:
+    """The system turn's text as Qwen3's chat template writes it: the instructions, then the
+    tools (as the template's function signatures) and how to call them."""
+    if not tools:
+        return instructions
+    lines = [json.dumps({"type": "function", "function": {
+        k: v for k, v in tool.items() if k in ("name", "description", "parameters")}})
+        for tool in tools]
+    head = f"{instructions}\n\n" if instructions else ""
+    return head + _TOOLS_HEAD + "\n" + "\n".join(lines) + "\n" + _TOOLS_TAIL

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from models.base import ModelState
+from models.base import ModelState, TextTurn
 from models.qwen3_omni.adapter import (
     STATE_KEY,
     Qwen3OmniAdapter,
@@ -55,7 +55,7 @@ def user_turn(ad: Qwen3OmniAdapter, states: list[ModelState], scripts: list[list
     everyone's k-th input in one call, after one batched encode per modality."""
     for k in range(max(len(s) for s in scripts)):
         items = [s[k] if k < len(s) else None for s in scripts]
-        payloads = list(items)
+        payloads = [TextTurn(x) if isinstance(x, str) else x for x in items]
         for ndim, encode in ((1, ad.encode_audio), (3, ad.encode_video)):
             idx = [i for i, x in enumerate(items) if isinstance(x, np.ndarray) and x.ndim == ndim]
             if idx:
@@ -123,7 +123,7 @@ def test_matches_generate_greedy(make):
     )
     ad = make(greedy)
     st = ad.new_state("g")
-    ad.thinker_prefill([st], ["hello there"])
+    ad.thinker_prefill([st], [TextTurn("hello there")])
     texts, codes, _ = respond(ad, [st], 12)
 
     model, tok = ad.model, ad.tokenizer
@@ -270,9 +270,9 @@ def test_reused_slot_starts_clean_and_checks_its_owner(make):
         ad.thinker_decode([old])
     stale.thinker_slot = slot
     with pytest.raises(SlotOwnershipError):
-        ad.thinker_prefill([ModelState("old", {STATE_KEY: stale})], ["leak?"])
+        ad.thinker_prefill([ModelState("old", {STATE_KEY: stale})], [TextTurn("leak?")])
     with pytest.raises(SlotOwnershipError):
-        ad.thinker_prefill([ModelState("new", {STATE_KEY: stale})], ["leak?"])
+        ad.thinker_prefill([ModelState("new", {STATE_KEY: stale})], [TextTurn("leak?")])
 
 
 def test_long_session_slides_its_context(make):
