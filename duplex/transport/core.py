@@ -49,6 +49,8 @@ def json_object(text: str) -> dict[str, Any] | str:
         raw = json.loads(text)
     except ValueError as exc:
         return f"not valid JSON: {exc}"
+    except RecursionError:
+        return "not valid JSON: nested too deep to parse"
     if not isinstance(raw, dict):
         return "not a JSON object"
     return raw

@@ -32,6 +32,16 @@ class EnginePushFrame:
 @dataclass(frozen=True)
 class EnginePushText:
     text: str
+    role: str = "user"
+    """user | tool (a function call's output)"""
+
+
+@dataclass(frozen=True)
+class EngineInstruct:
+    """The session's instructions and tools, for the model's system turn."""
+
+    instructions: str
+    tools: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)

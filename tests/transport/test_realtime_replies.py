@@ -6,13 +6,20 @@ import json
 import numpy as np
 
 from duplex.engine.thinker_text import CallArguments, CallDone, CallStarted
-from duplex.transport.effects import EngineCommit, InvalidToolCall, Send
+from duplex.transport.effects import (
+    EngineCommit,
+    EngineInstruct,
+    EnginePushText,
+    InvalidToolCall,
+    Send,
+)
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
+from duplex.transport.realtime.session_config import Voices
 
 
-def make():
+def make(**kwargs):
     p = RealtimeProtocol("sess_t", model="echo", model_input_rate=24000, model_output_rate=24000,
-                         limits=Limits(max_errors=1000))
+                         limits=Limits(max_errors=1000), **kwargs)
     p.start()
     p.receive_text(json.dumps({"type": "session.update",
                                "session": {"audio": {"input": {"turn_detection": None}}}}))
@@ -36,8 +43,9 @@ def test_the_reply_spec_carries_what_the_session_and_the_response_ask():
         "tools": [{"type": "function", "name": "f"}],
         "audio": {"output": {"voice": "marin"}}}}))
     spec = create(p, output_modalities=["text"], instructions="Just this once.").spec
+    # OpenAI's voice names ask for the model's default speaker.
     assert (spec.audio, spec.max_output_tokens, spec.instructions, spec.voice) == (
-        False, 50, "Just this once.", "marin")
+        False, 50, "Just this once.", None)
     assert spec.tools == ({"type": "function", "name": "f"},)
 
 
@@ -104,3 +112,80 @@ def test_a_reply_cut_at_its_token_limit_is_incomplete_with_that_reason():
     assert done["status_details"] == {"type": "incomplete", "reason": "max_output_tokens",
                                       "error": None}
     assert done["output"][0]["status"] == "incomplete"
+
+
+def send(p, **event):
+    return p.receive_text(json.dumps(event))
+
+
+def error_of(effects):
+    [error] = [e for e in events(effects) if e["type"] == "error"]
+    return error["error"]
+
+
+def test_a_models_own_voice_is_asked_for_and_an_unknown_one_is_named_with_the_choices():
+    p = make(voices=Voices(("aiden", "ethan"), "ethan"))
+    send(p, type="session.update", session={"audio": {"output": {"voice": "aiden"}}})
+    assert create(p).spec.voice == "aiden"
+    err = error_of(send(p, type="session.update", session={"audio": {"output": {"voice": "bob"}}}))
+    assert (err["code"], err["param"]) == ("invalid_value", "session.audio.output.voice")
+    assert "aiden, ethan, alloy" in err["message"]
+    assert p.settings.voice == "aiden"
+
+
+def test_the_voice_cannot_change_once_the_session_has_produced_audio():
+    p = make(voices=Voices(("aiden", "ethan"), "ethan"))
+    epoch = create(p).epoch
+    p.on_engine_audio(epoch, np.zeros(1920, np.float32), "hi")
+    err = error_of(send(p, type="session.update", session={"audio": {"output": {"voice": "aiden"}}}))
+    assert (err["code"], err["param"]) == ("cannot_update_voice", "session.audio.output.voice")
+    # The session goes on: other settings still change.
+    assert events(send(p, type="session.update", session={"instructions": "x"}))[0]["type"] == (
+        "session.updated")
+
+
+def test_the_engine_is_told_instructions_and_tools_when_they_change():
+    p = RealtimeProtocol("s", model="echo", model_input_rate=24000, model_output_rate=24000)
+    p.configure({"instructions": "From the key."})
+    assert [e for e in p.start() if isinstance(e, EngineInstruct)] == [
+        EngineInstruct("From the key.", ())]
+    tools = [{"type": "function", "name": "f"}]
+    told = [e for e in send(p, type="session.update", session={"tools": tools})
+            if isinstance(e, EngineInstruct)]
+    assert told == [EngineInstruct("From the key.", ({"type": "function", "name": "f"},))]
+    assert not [e for e in send(p, type="session.update", session={"tools": tools})
+                if isinstance(e, EngineInstruct)]
+
+
+def test_a_tool_output_needs_its_call_and_enters_the_model_as_a_tool_turn():
+    p = make()
+    err = error_of(send(p, type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": "call_nope", "output": "x"}))
+    assert err["param"] == "item.call_id" and "call_nope" in err["message"]
+    send(p, type="conversation.item.create", item={
+        "type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"})
+    effects = send(p, type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": "call_1", "output": "sunny"})
+    assert [e for e in effects if isinstance(e, EnginePushText)] == [
+        EnginePushText("sunny", role="tool")]
+
+
+def test_idle_timeout_says_so_once_and_replies():
+    p = make()
+    send(p, type="session.update", session={"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": 5000}}}})
+    assert not events(p.release_output(0))
+    assert not events(p.release_output(24000 * 4))
+    fired = events(p.release_output(24000 * 5))
+    names = [e["type"] for e in fired]
+    assert names[0] == "input_audio_buffer.timeout_triggered"
+    assert "input_audio_buffer.committed" in names and "response.created" in names
+    assert fired[0]["audio_end_ms"] - fired[0]["audio_start_ms"] == 5000
+
+
+def test_semantic_vad_eagerness_sets_how_long_a_pause_ends_the_turn():
+    p = make()
+    for eagerness, ms in (("high", 300), ("low", 1500), ("auto", 800)):
+        send(p, type="session.update", session={"audio": {"input": {"turn_detection": {
+            "type": "semantic_vad", "eagerness": eagerness}}}})
+        assert p.detector.silence_samples == ms * 24

@@ -37,6 +37,7 @@ from duplex.transport.effects import (
     EngineCancel,
     EngineClearInput,
     EngineCommit,
+    EngineInstruct,
     EnginePush,
     EnginePushFrame,
     EnginePushImage,
@@ -55,6 +56,7 @@ from duplex.transport.realtime.session_config import (
     ConfigError,
     ResponseSettings,
     SessionSettings,
+    Voices,
     beta_session,
     ga_session,
     response_settings,
@@ -78,7 +80,7 @@ class ResumeSession:
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
-    | ResumeSession | InvalidToolCall
+    | ResumeSession | InvalidToolCall | EngineInstruct
 )
 
 
@@ -117,6 +119,7 @@ class RealtimeProtocol:
         video_interval_samples: int = RATE // 2,
         resume_token: str | None = None,
         duplex_events: bool = False,
+        voices: Voices | None = None,
     ) -> None:
         self.session_id = session_id
         self.resume_token = resume_token
@@ -127,7 +130,12 @@ class RealtimeProtocol:
         self.beta = beta
         self.limits = limits or Limits()
         self.settings = SessionSettings(duplex_events=duplex_events)
+        self.voices = voices or Voices()
         self.input_samples = 0
+        self._told_instructions: tuple[str, tuple] = ("", ())
+        """The instructions and tools the engine was last told (EngineInstruct)."""
+        self._idle_since: int | None = None
+        """Clock sample since which nothing has happened, for turn_detection.idle_timeout_ms."""
         self.clock = MediaClock(
             session_id, rate=RATE, model_input_rate=model_input_rate,
             model_output_rate=model_output_rate,
@@ -140,7 +148,7 @@ class RealtimeProtocol:
         self._g711_in = Resampler(8000, RATE, quality="QQ")
         self.events = EventWriter(beta)
         self.conversation = Conversation()
-        self.replies = Replies(self.clock, self.events, self.conversation,
+        self.replies = Replies(self.clock, self.events, self.conversation, self.voices,
                                media_track=media_track, conversation_id=_conversation_id(session_id))
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
@@ -181,7 +189,7 @@ class RealtimeProtocol:
         td = self.turn_detection or schema.TurnDetection(type="server_vad")
         return TurnDetector(
             threshold=td.threshold,
-            silence_samples=td.silence_duration_ms * RATE // 1000,
+            silence_samples=silence_ms(td) * RATE // 1000,
             prefix_samples=td.prefix_padding_ms * RATE // 1000,
             position=self.input_samples,
         )
@@ -197,7 +205,16 @@ class RealtimeProtocol:
     def start(self) -> list[Effect]:
         out: list[Effect] = []
         self._emit(out, "session.created", session=self._session_with_token())
+        self._instruct(out)
         return out
+
+    def _instruct(self, out: list[Effect]) -> None:
+        """Tell the engine the session's instructions and tools when they change, so the
+        model can place its system turn before any input (see `DuplexModel.instruct`)."""
+        told = (self.settings.instructions, self.settings.tools)
+        if told != self._told_instructions:
+            self._told_instructions = told
+            out.append(EngineInstruct(*told))
 
     def receive_bytes(self, data: bytes) -> list[Effect]:
         out: list[Effect] = []
@@ -264,6 +281,7 @@ class RealtimeProtocol:
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
         self._emit(out, "session.resumed", session=self._session_with_token())
+        self._instruct(out)
         return out
 
     def configure(self, session: dict[str, Any]) -> None:
@@ -316,12 +334,23 @@ class RealtimeProtocol:
             new = update(self.settings, event.session)
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
+        voice_param = "session.voice" if self.beta else "session.audio.output.voice"
+        if new.voice != self.settings.voice:
+            try:
+                self.voices.check(new.voice, voice_param)
+            except ConfigError as exc:
+                raise ProtocolError.of(exc) from None
+            if self.core.sent_samples or self.core.flushed_samples:
+                raise ProtocolError("cannot_update_voice",
+                                    "Cannot update a conversation's voice if assistant audio is "
+                                    "present.", voice_param)
         if new.output_format != self.settings.output_format and self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 "The output format cannot change while a response is playing.",
                                 "session.audio.output.format")
         self._set_settings(new)
         self._emit(out, "session.updated", session=self.session_object())
+        self._instruct(out)
 
     def _set_settings(self, new: SessionSettings) -> None:
         detection_changed = new.turn_detection != self.settings.turn_detection
@@ -458,8 +487,15 @@ class RealtimeProtocol:
             record = Item(item_id, type="function_call", call_id=item.call_id, name=item.name,
                           arguments=item.arguments)
         else:
+            if not any(i.type == "function_call" and i.call_id == item.call_id
+                       for i in self.conversation):
+                raise ProtocolError("invalid_value",
+                                    f"Invalid value for 'item.call_id': no function call with "
+                                    f"call_id '{item.call_id}' in the conversation.",
+                                    "item.call_id")
             record = Item(item_id, type="function_call_output", call_id=item.call_id,
                           output=item.output)
+            out.append(EnginePushText(item.output, role="tool"))
         previous = self.conversation.insert(record, after)
         self._emit(out, "conversation.item.added", item=record.as_wire(), previous_item_id=previous)
         self._emit(out, "conversation.item.done", item=record.as_wire(), previous_item_id=previous)
@@ -567,6 +603,7 @@ class RealtimeProtocol:
         self._commit_user_audio(out, item_id)
         if self.turn_detection.create_response and self.response is None:
             self._start_response(out, response_settings(self.settings, None, self.beta))
+        self._idle_since = None
 
     # -- replies: the output side lives in Replies ----------------------------------------
 
@@ -632,7 +669,31 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if not self.closed:
             self.replies.release(out, now)
+            self._check_idle(out, now)
         return out
+
+    def _check_idle(self, out: list[Effect], now: int) -> None:
+        """turn_detection.idle_timeout_ms: after that long with neither speech nor a reply, the
+        server says so, commits what it has and (with create_response) replies, once."""
+        td = self.turn_detection
+        busy = (self.response is not None or self.detector.speaking
+                or self.core.unplayed_samples or self.closed)
+        if td is None or td.idle_timeout_ms is None or busy:
+            self._idle_since = None
+            return
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        if now - self._idle_since < td.idle_timeout_ms * RATE // 1000:
+            return
+        item_id = self._id("item")
+        self._emit(out, "input_audio_buffer.timeout_triggered",
+                   audio_start_ms=self._idle_since * 1000 // RATE, audio_end_ms=now * 1000 // RATE,
+                   item_id=item_id)
+        self._commit_user_audio(out, item_id)
+        if td.create_response:
+            self._start_response(out, response_settings(self.settings, None, self.beta))
+        self._idle_since = None
 
     def close(self) -> dict[str, int]:
         """Release everything; returns what the core held, by name."""
@@ -640,6 +701,17 @@ class RealtimeProtocol:
         self.pacer.flush()
         released = self.core.handle(cmd.Close())
         return dict(next(e for e in released if isinstance(e, ev.Released)).items)
+
+
+_EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 300}
+"""semantic_vad's eagerness as the silence that ends a turn: no model here judges whether a
+sentence is complete, so eagerness is how long a pause must be before the turn ends."""
+
+
+def silence_ms(td: schema.TurnDetection) -> int:
+    if td.type == "semantic_vad":
+        return _EAGERNESS_SILENCE_MS[td.eagerness or "auto"]
+    return td.silence_duration_ms
 
 
 def _conversation_id(session_id: str) -> str:

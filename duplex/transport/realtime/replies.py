@@ -6,6 +6,7 @@ real time, done, cancelled (a barge-in or the client), failed.
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,14 +20,14 @@ from duplex.transport.core import MediaClock
 from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, PlayAudio
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
-from duplex.transport.realtime.session_config import ResponseSettings
+from duplex.transport.realtime.session_config import ResponseSettings, Voices
 
 G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 
 class Replies:
-    def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation, *,
-                 media_track: bool, conversation_id: str) -> None:
+    def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
+                 voices: Voices, *, media_track: bool, conversation_id: str) -> None:
         self.clock = clock
         self.core = clock.core
         self.events = events
@@ -34,6 +35,7 @@ class Replies:
         self.media_track = media_track
         """Reply audio goes to a paced media track (WebRTC) instead of audio delta events."""
         self.conversation_id = conversation_id
+        self.voices = voices
         self.active: ActiveResponse | None = None
         self._g711_out = Resampler(RATE, 8000)
 
@@ -63,7 +65,8 @@ class Replies:
              item=item.as_wire())
         emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
              output_index=0, content_index=0, part=part)
-        out.append(EngineCommit(started.epoch, settings.spec()))
+        spec = replace(settings.spec(), voice=self.voices.for_model(settings.voice))
+        out.append(EngineCommit(started.epoch, spec))
 
     def cancel(self, out: list, reason: str) -> None:
         if self.active is not None:

@@ -323,3 +323,27 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
     resolved = replace(base, **changes)
     _check_tools(resolved, "response.")
     return resolved
+
+
+@dataclass(frozen=True)
+class Voices:
+    """The voices a session may ask for: the model's own speakers, and OpenAI's names (which
+    clients send by default), which select the model's default speaker."""
+
+    model: tuple[str, ...] = ()
+    default: str | None = None
+
+    def check(self, voice: str, param: str) -> None:
+        if voice not in self.model and voice not in OPENAI_VOICES:
+            names = ", ".join(self.model + OPENAI_VOICES)
+            raise ConfigError("invalid_value",
+                                f"Invalid value for '{param}': unknown voice '{voice}'; "
+                                f"available voices: {names}.", param)
+
+    def for_model(self, voice: str) -> str | None:
+        """The speaker the model is asked for; None for its default."""
+        return voice if voice in self.model else None
+
+
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse",
+                 "marin", "cedar")
