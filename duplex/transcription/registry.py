@@ -38,11 +38,15 @@ class RecognizerRegistry:
         configured: str = EMBEDDED_NAME,
         builtins: Mapping[str, Callable[[], Recognizer]] | None = None,
     ) -> None:
-        self._builtins = dict(builtins) if builtins is not None else {EMBEDDED_NAME: embedded_whisper}
+        if builtins is None:
+            builtins = {EMBEDDED_NAME: embedded_whisper}
+        self._builtins = dict(builtins)
         self._instances: dict[str, Recognizer] = {}
         self._lock = threading.Lock()
         if configured in OPENAI_NAMES:
-            raise ValueError(f"{configured!r} names the configured recogniser; configure a real one")
+            raise ValueError(
+                f"{configured!r} names the configured recogniser; configure a real one"
+            )
         self.configured = self.resolve(configured)
 
     def names(self) -> list[str]:

@@ -168,6 +168,4 @@ def load_checkpoint(path: str | Path) -> WhisperRecognizer:
         return CTranslate2Whisper(path)
     if (path / "config.json").is_file():
         return TransformersWhisper(path)
-    raise ValueError(
-        f"{path} holds neither a CTranslate2 model.bin nor a transformers config.json"
-    )
+    raise ValueError(f"{path} holds neither a CTranslate2 model.bin nor a transformers config.json")

@@ -75,9 +75,7 @@ def make_utterances(directory: Path) -> list[Utterance]:
         path = directory / f"utterance{i}.wav"
         write_wav(path, pcm)
         utterances.append(Utterance(path.stem, text, pcm, path))
-    (directory / "texts.tsv").write_text(
-        "".join(f"{u.path.name}\t{u.text}\n" for u in utterances)
-    )
+    (directory / "texts.tsv").write_text("".join(f"{u.path.name}\t{u.text}\n" for u in utterances))
     return utterances
 
 
@@ -103,7 +101,9 @@ def build_tiny_whisper(directory: Path) -> Path:
 
     vocab = {symbol: i for i, symbol in enumerate(sorted(ByteLevel.alphabet()))}
     eot = SPECIAL_TOKENS[0]
-    tokenizer = WhisperTokenizer(vocab, [], unk_token=eot, bos_token=eot, eos_token=eot, pad_token=eot)
+    tokenizer = WhisperTokenizer(
+        vocab, [], unk_token=eot, bos_token=eot, eos_token=eot, pad_token=eot
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     eot_id, sot_id, _ = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
     config = WhisperConfig(
@@ -121,6 +121,8 @@ def build_tiny_whisper(directory: Path) -> Path:
         bos_token_id=eot_id,
         eos_token_id=eot_id,
         decoder_start_token_id=sot_id,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
     )
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config)

@@ -16,8 +16,9 @@ def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
     for i, ref_word in enumerate(reference, 1):
         diagonal, row[0] = row[0], i
         for j, hyp_word in enumerate(hypothesis, 1):
-            diagonal, row[j] = row[j], min(
-                row[j] + 1, row[j - 1] + 1, diagonal + (ref_word != hyp_word)
+            diagonal, row[j] = (
+                row[j],
+                min(row[j] + 1, row[j - 1] + 1, diagonal + (ref_word != hyp_word)),
             )
     return row[-1]
 
