@@ -8,7 +8,7 @@ from tests.transcription.fixtures import build_tiny_whisper, have_espeak, make_u
 @pytest.fixture(scope="session")
 def utterances(tmp_path_factory):
     if not have_espeak():
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+        pytest.fail("espeak-ng is not installed (make test installs it with apt-get)")
     return make_utterances(tmp_path_factory.mktemp("utterances"))
 
 

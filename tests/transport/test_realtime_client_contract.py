@@ -14,7 +14,11 @@ from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 FRAME = 1920  # 80 ms at 24 kHz
 
 
+MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "whisper-tiny.en")
+
+
 def make(beta=False, **kwargs):
+    kwargs.setdefault("transcription_models", MODELS)
     p = RealtimeProtocol("sess_t", model="echo", model_input_rate=24000, model_output_rate=24000,
                          beta=beta, limits=Limits(max_errors=1000), **kwargs)
     p.start()
@@ -288,14 +292,31 @@ def test_an_out_of_band_reply_stays_out_of_the_conversation():
     assert len(p.conversation) == 0
 
 
-def test_a_transcription_request_degrades_to_failed_transcripts_not_errors():
+def test_a_committed_audio_item_is_transcribed_and_its_transcript_kept():
+    from duplex.transport.realtime.protocol import Transcribe
+
     p = make()
     send(p, type="session.update", session={"audio": {"input": {
-        "turn_detection": None, "transcription": {"model": "gpt-4o-mini-transcribe"}}}})
-    send(p, type="input_audio_buffer.append",
-         audio=base64.b64encode(bytes(2 * 4800)).decode())
-    events = sent(send(p, type="input_audio_buffer.commit"))
-    failed = events[-1]
-    assert failed["type"] == "conversation.item.input_audio_transcription.failed"
-    assert failed["item_id"] == events[0]["item_id"] and failed["error"]["message"]
-    assert "error" not in [e["type"] for e in events]
+        "turn_detection": None, "transcription": {"model": "whisper-1"}}}})
+    send(p, type="input_audio_buffer.append", audio=base64.b64encode(bytes(2 * 4800)).decode())
+    effects = send(p, type="input_audio_buffer.commit")
+    [job] = [e for e in effects if isinstance(e, Transcribe)]
+    item_id = sent(effects)[0]["item_id"]
+    assert (job.item_id, job.model) == (item_id, "whisper-1")
+    assert abs(len(job.pcm) - 3200) <= 16  # 200 ms at 16 kHz
+    done = sent(p.on_transcript(item_id, "hello there", None, 0.2))
+    assert [e["type"] for e in done] == ["conversation.item.input_audio_transcription.delta",
+                                         "conversation.item.input_audio_transcription.completed"]
+    assert done[1]["transcript"] == "hello there" and done[1]["content_index"] == 0
+    [retrieved] = sent(send(p, type="conversation.item.retrieve", item_id=item_id))
+    assert retrieved["item"]["content"][0]["transcript"] == "hello there"
+    failed = sent(p.on_transcript(item_id, None, "the recogniser failed", 0.2))
+    assert failed[0]["type"] == "conversation.item.input_audio_transcription.failed"
+
+
+def test_an_unknown_transcription_model_is_named_with_the_choices():
+    p = make()
+    err = error_of(send(p, type="session.update", session={"audio": {"input": {
+        "transcription": {"model": "/etc"}}}}))
+    assert err["param"] == "session.audio.input.transcription.model"
+    assert "available: whisper-1, gpt-4o-transcribe" in err["message"]

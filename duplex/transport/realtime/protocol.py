@@ -65,7 +65,21 @@ from duplex.transport.realtime.session_config import (
 )
 
 INPUT_TRACK = "input_audio"
+ASR_RATE = 16000
+"""The recognisers' rate (Whisper's)."""
+OPENAI_TRANSCRIBE = "whisper-1"
+"""What a transcription config without a model asks for: the server's configured recogniser."""
 
+
+
+@dataclass(frozen=True)
+class Transcribe:
+    """Recognise `pcm` (float32 at 16 kHz), the audio of user item `item_id`, with `model`;
+    answer with `on_transcript`."""
+
+    item_id: str
+    model: str
+    pcm: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,7 @@ class ResumeSession:
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
-    | ResumeSession | InvalidToolCall | EngineInstruct
+    | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe
 )
 
 
@@ -120,6 +134,7 @@ class RealtimeProtocol:
         resume_token: str | None = None,
         duplex_events: bool = False,
         voices: Voices | None = None,
+        transcription_models: tuple[str, ...] = (),
     ) -> None:
         self.session_id = session_id
         self.resume_token = resume_token
@@ -131,6 +146,11 @@ class RealtimeProtocol:
         self.limits = limits or Limits()
         self.settings = SessionSettings(duplex_events=duplex_events)
         self.voices = voices or Voices()
+        self.transcription_models = transcription_models
+        """The names `audio.input.transcription.model` may take; empty: no recogniser."""
+        self._to_asr = Resampler(RATE, ASR_RATE)
+        self._asr_audio: list[np.ndarray] = []
+        """Uncommitted input at the recogniser's rate, kept only while transcription is on."""
         self.input_samples = 0
         self._told_instructions: tuple[str, tuple] = ("", ())
         """The instructions and tools the engine was last told (EngineInstruct)."""
@@ -334,6 +354,7 @@ class RealtimeProtocol:
             new = update(self.settings, event.session)
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
+        self._check_transcription(new)
         voice_param = "session.voice" if self.beta else "session.audio.output.voice"
         if new.voice != self.settings.voice:
             try:
@@ -351,6 +372,21 @@ class RealtimeProtocol:
         self._set_settings(new)
         self._emit(out, "session.updated", session=self.session_object())
         self._instruct(out)
+
+    def _check_transcription(self, new: SessionSettings) -> None:
+        if new.transcription is None or new.transcription == self.settings.transcription:
+            return
+        param = ("session.input_audio_transcription.model" if self.beta
+                 else "session.audio.input.transcription.model")
+        model = new.transcription.get("model")
+        if not self.transcription_models:
+            raise ProtocolError("invalid_value", "This server has no speech recogniser; "
+                                "input audio transcription is not available.", param)
+        if model is not None and model not in self.transcription_models:
+            raise ProtocolError("invalid_value",
+                                f"Invalid value for '{param}': unknown transcription model "
+                                f"'{model}'; available: {', '.join(self.transcription_models)}.",
+                                param)
 
     def _set_settings(self, new: SessionSettings) -> None:
         detection_changed = new.turn_detection != self.settings.turn_detection
@@ -414,6 +450,8 @@ class RealtimeProtocol:
         if n == 0:
             return
         out += self.clock.input_effects(pcm, detect_speech=self.turn_detection is not None)
+        if self.settings.transcription is not None:
+            self._asr_audio.append(self._to_asr.process(pcm))
 
     @property
     def _input_lead_samples(self) -> int:
@@ -441,21 +479,44 @@ class RealtimeProtocol:
         self._emit(out, "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         self._emit(out, "conversation.item.added", item=item.as_wire(), previous_item_id=previous)
         self._emit(out, "conversation.item.done", item=item.as_wire(), previous_item_id=previous)
-        if self.settings.transcription is not None:
-            self._transcription_failed(out, item)
+        self._transcribe(out, item)
         return item
 
-    def _transcription_failed(self, out: list[Effect], item: Item) -> None:
-        """Until the server has a recogniser, a client that asked for transcripts is told each
-        one failed, as OpenAI tells it when transcription fails: it goes on without them."""
-        self._emit(out, "conversation.item.input_audio_transcription.failed", item_id=item.id,
-                   content_index=0, error={
-                       "type": "server_error", "code": "transcription_unavailable",
-                       "message": "This server has no speech recogniser configured.",
-                       "param": None})
+    def _transcribe(self, out: list[Effect], item: Item) -> None:
+        """The item's audio goes to the recogniser (its transcript comes back later)."""
+        audio, self._asr_audio = self._asr_audio, []
+        config = self.settings.transcription
+        if config is None:
+            return
+        tail = self._to_asr.process(np.zeros(0, np.float32), last=True)
+        self._to_asr = Resampler(RATE, ASR_RATE)
+        pcm = np.concatenate([*audio, tail]) if audio else tail
+        out.append(Transcribe(item.id, config.get("model") or OPENAI_TRANSCRIBE, pcm))
+
+    def on_transcript(self, item_id: str, text: str | None, error: str | None,
+                      audio_s: float) -> list[Effect]:
+        """The recogniser's answer for a user audio item: its transcript, or why there is none."""
+        out: list[Effect] = []
+        item = self.conversation.find(item_id)
+        if self.closed:
+            return out
+        if error is not None:
+            self._emit(out, "conversation.item.input_audio_transcription.failed", item_id=item_id,
+                       content_index=0, error={"type": "server_error", "code": "transcription_failed",
+                                               "message": error, "param": None})
+            return out
+        if item is not None:
+            item.transcript = text
+        self._emit(out, "conversation.item.input_audio_transcription.delta", item_id=item_id,
+                   content_index=0, delta=text)
+        self._emit(out, "conversation.item.input_audio_transcription.completed", item_id=item_id,
+                   content_index=0, transcript=text,
+                   usage={"type": "duration", "seconds": round(audio_s, 3)})
+        return out
 
     def _on_input_audio_buffer_clear(self, event: schema.ClientEvent, out: list[Effect]) -> None:
         self.uncommitted_samples = 0
+        self._asr_audio = []
         out.append(EngineClearInput())
         self._emit(out, "input_audio_buffer.cleared")
 
@@ -511,6 +572,10 @@ class RealtimeProtocol:
                                     "Missing required parameter: 'item.content[0].audio'.",
                                     "item.content.0.audio")
             self._append_base64(first.audio, "item.content.0.audio", out)
+            record = Item(item_id, role=item.role, content_type=first.type,
+                          transcript=first.transcript)
+            self._transcribe(out, record)
+            return record
         elif first.type == "input_image":
             out.append(EnginePushImage(_image_bytes(first.image_url)))
         elif first.type in ("input_text", "text") and item.role == "user" and first.text:
