@@ -13,12 +13,7 @@ import contextlib
 import json
 import time
 
-from starlette.websockets import (
-    WebSocket,
-    WebSocketDisconnect,
-    WebSocketDisconnected,
-    WebSocketState,
-)
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplex.engine import AudioOut, Engine, ResponseFinished, SessionFailed
 from duplex.transport.effects import (
@@ -32,9 +27,11 @@ from duplex.transport.effects import (
 from duplex.vad import VadService, VadStream
 
 TICK_S = 0.02
-PEER_GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
-"""What writing to a peer that has left raises: Starlette's two disconnect errors, the server's
-ClientDisconnected and plain socket errors (both OSError)."""
+PEER_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+"""What writing to a connection that has ended raises: Starlette's WebSocketDisconnect (and its
+WebSocketDisconnected, a RuntimeError, once it knows); the server's RuntimeError when it closed
+the connection itself (over a frame it could not take); its ClientDisconnected and socket
+errors (OSError) when the peer left."""
 
 
 class SessionLoop:
@@ -164,8 +161,9 @@ class SessionLoop:
 
     async def _send(self, event: dict) -> bool:
         """False when the peer has left: the session ends quietly, nobody is there to hear why."""
+        text = json.dumps(event)
         try:
-            await self.send_text(json.dumps(event))
+            await self.send_text(text)
         except PEER_GONE:
             return False
         self.sent(event)
@@ -210,6 +208,10 @@ async def serve_websocket(ws: WebSocket, session: SessionLoop, hub) -> None:
     reader = asyncio.create_task(read())
     try:
         await session.run()
+    except Exception:
+        # Our fault, not the peer's: tell it so, and let the error rise to be logged.
+        session.close_code, session.close_reason = 1011, "internal error"
+        raise
     finally:
         reader.cancel()
         try:
