@@ -165,7 +165,7 @@ class TwilioProtocol:
             return out
         try:
             raw = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
             self._reject(out, "invalid_json", f"not JSON: {exc}")
             return out
         if not isinstance(raw, dict):
