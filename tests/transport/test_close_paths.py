@@ -133,6 +133,15 @@ async def test_realtime_sessions_the_server_ends_are_released(server_process, wa
     assert await closed_by_server(ws) == 1008
     await wait_released(server)
 
+    # A frame past the server's own limit (4 x max_message_bytes) while a reply streams:
+    # uvicorn closes the connection itself, and the session's next send finds it closed.
+    ws, _ = await realtime(server)
+    await reply_streaming(ws)
+    with contextlib.suppress(websockets.ConnectionClosed):  # it may close before all is sent
+        await ws.send("x" * ((4 << 20) + 1))
+    assert await closed_by_server(ws) == 1009
+    await wait_released(server)
+
     # The duration limit ends a session in the middle of a reply.
     ws, _ = await realtime(server)
     await reply_streaming(ws, seconds=4)
