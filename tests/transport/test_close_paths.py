@@ -25,6 +25,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from duplex.bench.synth import babble
 from duplex.media import ulaw_encode
+from duplex.transport.webrtc.calls import CONNECT_TIMEOUT_S
 from duplex.transport.webrtc.ice import offer_host_addresses
 
 RATE = 24000
@@ -345,6 +346,24 @@ async def webrtc_call(server, leave, wait_released, udp: int, reply: bool) -> No
         await caller.pc.close()
 
 
+async def never_connects(server, wait_released, udp: int) -> None:
+    """An offer without candidates from a peer that never takes the answer: the server's ICE
+    waits for checks from it (as from a browser that posts its offer before gathering), and
+    only the connect deadline ends the call."""
+    caller = Caller()
+    try:
+        await caller.pc.setLocalDescription(await caller.pc.createOffer())
+        sdp = "".join(line for line in caller.pc.localDescription.sdp.splitlines(keepends=True)
+                      if not line.startswith("a=candidate:"))
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"{server.url}/v1/realtime/calls", content=sdp,
+                                       headers={"Content-Type": "application/sdp"})
+        assert answer.status_code == 201, answer.text
+        await wait_released(server, udp, timeout_s=CONNECT_TIMEOUT_S + 10)
+    finally:
+        await caller.pc.close()
+
+
 @pytest.mark.slow
 async def test_webrtc_calls_are_released_however_they_end(
         server_process, holdings, wait_released):
@@ -354,3 +373,4 @@ async def test_webrtc_calls_are_released_however_they_end(
         await webrtc_call(server, leave, wait_released, udp, reply=False)
         # Again while a reply plays: the echo of a second of speech.
         await webrtc_call(server, leave, wait_released, udp, reply=True)
+    await never_connects(server, wait_released, udp)

@@ -27,9 +27,10 @@ from duplex.transport.webrtc.offer import offer_problem
 
 log = logging.getLogger("duplex.webrtc")
 CHANNEL = "oai-events"
-CONNECT_TIMEOUT_S = 30.0
-"""A call whose peer has not connected by then is torn down. ICE alone may never give up: it
-waits for more candidates for as long as the offer has not said there are no more."""
+CONNECT_TIMEOUT_S = 15.0
+"""A call whose peer has not connected by then is torn down. ICE alone may never give up: with
+no candidates in the offer (a browser that posts it before gathering) it waits for the peer's
+checks, which never come from a peer that has gone."""
 
 
 def _error(status: int, code: str, message: str, param: str | None = None,
