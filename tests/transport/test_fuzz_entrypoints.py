@@ -388,7 +388,8 @@ async def post_offer(client: httpx.AsyncClient, url: str, sdp: str, rng: random.
             session = {"type": "realtime", "instructions": "x", "audio": {"input": {
                 "turn_detection": None}}}
             files["session"] = (None, rng.choice([json.dumps(session), json.dumps(mutate(session, rng)),
-                                                  garble(json.dumps(session), rng)]))
+                                                  garble(json.dumps(session), rng),
+                                                  nested(100000, rng)]))
         return await client.post(url, files=files)
     body = rng.choice([sdp.encode(), rng.randbytes(200), b"--x\r\n\r\n", b""])
     content_type = rng.choice(["multipart/form-data; boundary=x", "multipart/form-data",

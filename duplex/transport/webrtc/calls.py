@@ -148,7 +148,7 @@ class CallRegistry:
             return sdp, None
         try:
             session_config = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
             return _error(400, "invalid_json", "The 'session' part is not valid JSON.", "session")
         if not isinstance(session_config, dict):
             return _error(400, "invalid_value", "The 'session' part must be a JSON object.",
