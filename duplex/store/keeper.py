@@ -43,8 +43,11 @@ class SessionKeeper:
 
     async def _run(self) -> None:
         while not self.fenced:
+            # Not wait_for: on 3.11 it swallows a cancel that lands just as the wait ends (a
+            # touch right before stop), and this loop, and the session's close, never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), self.heartbeat_s)
+                async with asyncio.timeout(self.heartbeat_s):
+                    await self._dirty.wait()
             self._dirty.clear()
             await self.save()
 

@@ -9,6 +9,7 @@ only ever touched from the event loop. Transports subclass it for what is theirs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -26,6 +27,11 @@ from duplex.transport.effects import (
 from duplex.vad import VadService, VadStream
 
 TICK_S = 0.02
+PEER_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+"""What writing to a connection that has ended raises: Starlette's WebSocketDisconnect (and its
+WebSocketDisconnected, a RuntimeError, once it knows); the server's RuntimeError when it closed
+the connection itself (over a frame it could not take); its ClientDisconnected and socket
+errors (OSError) when the peer left."""
 
 
 class SessionLoop:
@@ -44,6 +50,7 @@ class SessionLoop:
         self.vad_stream = VadStream()
         self.t0 = time.monotonic_ns()
         self.close_code: int | None = None
+        self.close_reason = ""
 
     def now_sample(self) -> int:
         return (time.monotonic_ns() - self.t0) * self.rate // 1_000_000_000
@@ -80,8 +87,10 @@ class SessionLoop:
                 await self._loop()
         finally:
             ticker.cancel()
-            self.engine.close(self.session_id)
-            await self.ended()
+            try:
+                self.engine.close(self.session_id)
+            finally:
+                await self.ended()
 
     async def started(self) -> bool:
         """Before the first frame; True ends the session at once."""
@@ -101,7 +110,7 @@ class SessionLoop:
             if item[0] == "gone":
                 return
             if item[0] == "close":
-                self.close_code = item[1]
+                self.close_code, self.close_reason = item[1], item[2]
                 return
             effects = self.dispatch(item)
             effects += self.protocol.release_output(self.now_sample())
@@ -133,8 +142,8 @@ class SessionLoop:
         sid = self.session_id
         for effect in effects:
             if isinstance(effect, Send):
-                await self.send_text(json.dumps(effect.event))
-                self.sent(effect.event)
+                if not await self._send(effect.event):
+                    return True
             elif isinstance(effect, EnginePush):
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
@@ -144,11 +153,21 @@ class SessionLoop:
             elif isinstance(effect, EngineCancel):
                 self.engine.cancel(sid, effect.epoch)
             elif isinstance(effect, CloseConnection):
-                self.close_code = effect.code
+                self.close_code, self.close_reason = effect.code, effect.reason
                 return True
             elif await self.carry_out(effect):
                 return True
         return False
+
+    async def _send(self, event: dict) -> bool:
+        """False when the peer has left: the session ends quietly, nobody is there to hear why."""
+        text = json.dumps(event)
+        try:
+            await self.send_text(text)
+        except PEER_GONE:
+            return False
+        self.sent(event)
+        return True
 
     def sent(self, event: dict) -> None:
         """An event just went to the peer."""
@@ -158,8 +177,17 @@ class SessionLoop:
         raise TypeError(f"{type(self).__name__} cannot carry out {type(effect).__name__}")
 
 
+async def close_quietly(ws: WebSocket, code: int, reason: str = "") -> None:
+    """Close `ws` unless it is closed already; a peer that left meanwhile is no error."""
+    if ws.application_state is WebSocketState.CONNECTED:
+        with contextlib.suppress(*PEER_GONE):
+            await ws.close(code, reason)
+
+
 async def serve_websocket(ws: WebSocket, session: SessionLoop, hub) -> None:
-    """Run an admitted session over an accepted WebSocket until either side ends it."""
+    """Run an admitted session over an accepted WebSocket until either side ends it (or the
+    connection drops); then release it: engine, session state, socket, hub entry, in that
+    order, whatever went wrong before."""
     hub.add(session.session_id, session.shutdown)
 
     async def read() -> None:
@@ -167,23 +195,26 @@ async def serve_websocket(ws: WebSocket, session: SessionLoop, hub) -> None:
             while True:
                 message = await ws.receive()
                 if message["type"] == "websocket.disconnect":
-                    break
+                    return
                 if message.get("text") is not None:
                     session.feed_text(message["text"])
                 elif message.get("bytes") is not None:
                     session.feed_bytes(message["bytes"])
-        except WebSocketDisconnect:
+        except PEER_GONE:
             pass
-        session.carrier_gone()
+        finally:
+            session.carrier_gone()
 
     reader = asyncio.create_task(read())
     try:
         await session.run()
+    except Exception:
+        # Our fault, not the peer's: tell it so, and let the error rise to be logged.
+        session.close_code, session.close_reason = 1011, "internal error"
+        raise
     finally:
         reader.cancel()
-        if ws.application_state is WebSocketState.CONNECTED:
-            try:
-                await ws.close(session.close_code or 1000)
-            except RuntimeError:
-                pass
-        hub.discard(session.session_id)
+        try:
+            await close_quietly(ws, session.close_code or 1000, session.close_reason)
+        finally:
+            hub.discard(session.session_id)

@@ -6,6 +6,7 @@ carries out the effects it returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -33,7 +34,7 @@ from duplex.transport.effects import (
     FlushAudio,
     PlayAudio,
 )
-from duplex.transport.loop import SessionLoop, serve_websocket
+from duplex.transport.loop import PEER_GONE, SessionLoop, close_quietly, serve_websocket
 from duplex.transport.realtime.protocol import RATE, Limits, RealtimeProtocol, ResumeSession
 from duplex.vad import VadService
 
@@ -250,8 +251,9 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
         try:
             session.open()
         except AdmissionRefused as exc:
-            await ws.send_text(admission_error(exc))
-            await ws.close(1013, "server full")
+            with contextlib.suppress(*PEER_GONE):
+                await ws.send_text(admission_error(exc))
+            await close_quietly(ws, 1013, "server full")
             return
         await serve_websocket(ws, session, hub)
 

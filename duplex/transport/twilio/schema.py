@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
-Digits = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
+# Counters of one call never get near 18 digits; int() refuses strings past 4300 of them.
+Digits = Annotated[str, StringConstraints(pattern=r"^[0-9]+$", max_length=18)]
 DtmfDigit = Annotated[str, StringConstraints(pattern=r"^[0-9*#A-D]$")]
 
 

@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket
 
 from duplex.engine import AdmissionRefused, Engine
 from duplex.metrics import Metrics
-from duplex.transport.loop import SessionLoop, serve_websocket
+from duplex.transport.loop import SessionLoop, close_quietly, serve_websocket
 from duplex.transport.twilio.protocol import (
     RATE,
     DtmfReceived,
@@ -71,7 +71,7 @@ def twilio_endpoint(engine_getter, vad_getter, options: Options, metrics: Metric
         except AdmissionRefused as exc:
             # Twilio has no error message to carry this; the close reason and the log do.
             log.warning("twilio call refused: %s", exc)
-            await ws.close(1013, "server full")
+            await close_quietly(ws, 1013, "server full")
             return
         await serve_websocket(ws, session, hub)
 

@@ -13,7 +13,9 @@ import logging
 import secrets
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from starlette.requests import Request
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from duplex.engine import AdmissionRefused
@@ -21,17 +23,28 @@ from duplex.transport.realtime.protocol import RATE
 from duplex.transport.realtime.ws import RealtimeSession
 from duplex.transport.webrtc.ice import offer_host_addresses
 from duplex.transport.webrtc.media import ReplyTrack, read_audio, read_video
+from duplex.transport.webrtc.offer import offer_problem
 
 log = logging.getLogger("duplex.webrtc")
 CHANNEL = "oai-events"
+CONNECT_TIMEOUT_S = 15.0
+"""A call whose peer has not connected by then is torn down. ICE alone may never give up: with
+no candidates in the offer (a browser that posts it before gathering) it waits for the peer's
+checks, which never come from a peer that has gone."""
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(status: int, code: str, message: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
-        {"error": {"type": "invalid_request_error", "code": code, "message": message}},
+        {"error": {"type": "invalid_request_error", "code": code, "message": message,
+                   "param": param}},
         status_code=status,
         headers=headers,
     )
+
+
+async def _text(part: str | UploadFile) -> str:
+    return part if isinstance(part, str) else (await part.read()).decode("utf-8", "replace")
 
 
 class Call:
@@ -81,29 +94,23 @@ class CallRegistry:
 
     async def create(self, request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        session_config = None
-        if content_type == "application/sdp":
-            sdp = (await request.body()).decode("utf-8", "replace")
-        elif content_type == "multipart/form-data":
-            form = await request.form()
-            sdp_part, session_part = form.get("sdp"), form.get("session")
-            if sdp_part is None:
-                return _error(400, "missing_required_parameter", "Missing the multipart part 'sdp'.")
-            sdp = sdp_part if isinstance(sdp_part, str) else (await sdp_part.read()).decode()
-            if session_part is not None:
-                raw = session_part if isinstance(session_part, str) else (await session_part.read()).decode()
-                try:
-                    session_config = json.loads(raw)
-                except ValueError:
-                    return _error(400, "invalid_json", "The 'session' part is not valid JSON.")
-                if not isinstance(session_config, dict):
-                    return _error(400, "invalid_value", "The 'session' part must be a JSON object.")
-        else:
-            return _error(415, "unsupported_media_type",
-                          "Send the SDP offer as application/sdp, or multipart/form-data with "
-                          "parts 'sdp' and 'session'.")
-        if "m=audio" not in sdp:
-            return _error(400, "invalid_offer", "The SDP offer has no audio media section.")
+        try:
+            if content_type == "application/sdp":
+                offer = (await request.body()).decode("utf-8", "replace"), None
+            elif content_type == "multipart/form-data":
+                offer = await self._read_form(request)
+            else:
+                return _error(415, "unsupported_media_type",
+                              "Send the SDP offer as application/sdp, or multipart/form-data with "
+                              "parts 'sdp' and 'session'.")
+        except ClientDisconnect:
+            # Nobody is left to read an answer; this one only ends the request.
+            return _error(400, "client_disconnected", "The request body was cut off.")
+        if isinstance(offer, Response):
+            return offer
+        sdp, session_config = offer
+        if problem := offer_problem(sdp):
+            return _error(400, "invalid_offer", f"The SDP offer was refused: {problem}.", "sdp")
 
         principal = request.scope.get("state", {}).get("principal")
         key_id = principal.key_id if principal is not None else "anonymous"
@@ -112,7 +119,8 @@ class CallRegistry:
             limit = self.admission.enter(key_id)
             if limit is not None:
                 return _error(429, "rate_limit_exceeded",
-                              f"Too many concurrent sessions (limit {limit}).", {"Retry-After": "1"})
+                              f"Too many concurrent sessions (limit {limit}).",
+                              headers={"Retry-After": "1"})
             quota = self.admission.quota(key_id)
         try:
             response = await self._create(sdp, session_config, quota, key_id)
@@ -122,6 +130,30 @@ class CallRegistry:
         if response.status_code != 201:
             self._leave(key_id)
         return response
+
+    @staticmethod
+    async def _read_form(request: Request) -> tuple[str, dict | None] | Response:
+        """The offer and session config of a multipart request, or the error that answers it."""
+        try:
+            async with request.form() as form:
+                sdp_part, session_part = form.get("sdp"), form.get("session")
+                if sdp_part is None:
+                    return _error(400, "missing_required_parameter",
+                                  "Missing the multipart part 'sdp'.", "sdp")
+                sdp = await _text(sdp_part)
+                raw = await _text(session_part) if session_part is not None else None
+        except HTTPException as exc:  # Starlette's answer to a body that is not multipart
+            return _error(400, "invalid_multipart", f"The multipart body is malformed: {exc.detail}")
+        if raw is None:
+            return sdp, None
+        try:
+            session_config = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
+            return _error(400, "invalid_json", "The 'session' part is not valid JSON.", "session")
+        if not isinstance(session_config, dict):
+            return _error(400, "invalid_value", "The 'session' part must be a JSON object.",
+                          "session")
+        return sdp, session_config
 
     def _leave(self, key_id: str) -> None:
         if self.admission is not None:
@@ -146,7 +178,7 @@ class CallRegistry:
             session.open()
         except AdmissionRefused as exc:
             await pc.close()
-            return _error(429, "server_full", str(exc), {"Retry-After": "5"})
+            return _error(429, "server_full", str(exc), headers={"Retry-After": "5"})
         track.on_played = session.protocol.on_playback
 
         @pc.on("datachannel")
@@ -155,6 +187,8 @@ class CallRegistry:
                 return
             call.channel = channel
             channel.on("open", call.channel_opened)
+            # Events have no other way to the peer; without them the call is over.
+            channel.on("close", session.carrier_gone)
             if channel.readyState == "open":
                 call.channel_opened()
 
@@ -183,14 +217,15 @@ class CallRegistry:
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError and others for offers it cannot take
             self.engine_getter().close(session.session_id)
-            await pc.close()
-            return _error(400, "invalid_offer", f"The SDP offer was refused: {exc}")
+            await self._tear_down(call)
+            return _error(400, "invalid_offer", f"The SDP offer was refused: {exc}", "sdp")
 
         self.calls[call_id] = call
         self.hub.add(session.session_id, session.shutdown)
         if session_config is not None:
             session.feed_text(json.dumps({"type": "session.update", "session": session_config}))
         call.tasks.append(asyncio.create_task(self._serve(call, key_id)))
+        call.tasks.append(asyncio.create_task(self._connect_deadline(call)))
         return Response(
             pc.localDescription.sdp,
             status_code=201,
@@ -202,14 +237,28 @@ class CallRegistry:
         try:
             await call.session.run()
         finally:
-            self._leave(key_id)
-            self.hub.discard(call.session.session_id)
             self.calls.pop(call.id, None)
-            for task in call.tasks:
-                if task is not asyncio.current_task():
-                    task.cancel()
-            call.track.stop()
-            await call.pc.close()
+            try:
+                await self._tear_down(call)
+            finally:
+                self._leave(key_id)
+                self.hub.discard(call.session.session_id)
+
+    @staticmethod
+    async def _connect_deadline(call: Call) -> None:
+        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        if call.pc.connectionState != "connected":
+            log.info("call %s: the peer did not connect within %g s", call.id, CONNECT_TIMEOUT_S)
+            call.session.carrier_gone()
+
+    @staticmethod
+    async def _tear_down(call: Call) -> None:
+        """Stop the call's media and close its peer connection, which tells the peer."""
+        for task in call.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        call.track.stop()
+        await call.pc.close()
 
     async def hangup(self, request: Request) -> Response:
         call = self.calls.get(request.path_params["call_id"])
