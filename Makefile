@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Debian packages the test suite drives for real.
-TEST_SYSTEM_PACKAGES := chromium redis-server
+TEST_SYSTEM_PACKAGES := chromium redis-server espeak-ng
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: serve test bench lint system-deps

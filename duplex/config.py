@@ -128,6 +128,14 @@ class StoreSettings(_Section):
         return self
 
 
+class TranscriptionSettings(_Section):
+    model: str = "whisper-tiny.en"
+    """The recogniser sessions get when they ask for OpenAI's names (whisper-1,
+    gpt-4o-transcribe, gpt-4o-mini-transcribe): the embedded one, or a local checkpoint PATH."""
+    max_queue: int = Field(64, ge=1)
+    """Utterances waiting to be recognised, all sessions together; past it one fails at once."""
+
+
 class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
@@ -138,6 +146,7 @@ class Settings(_Section):
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
+    transcription: TranscriptionSettings = TranscriptionSettings()
 
 
 class ConfigError(Exception):

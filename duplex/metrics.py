@@ -60,6 +60,10 @@ class Metrics:
             "duplex_dropped", "Media dropped instead of processed, by kind and reason",
             ["kind", "reason"], registry=self.registry,
         )
+        self.tool_calls_invalid = Counter(
+            "duplex_tool_calls_invalid", "Tool calls the model wrote that were not the JSON its "
+            "chat template asks for (reported with their raw text)", registry=self.registry,
+        )
 
     def sync_engine(self, engine) -> None:
         """Move the engine's new per-stage samples and drops into the metrics, so a long-running

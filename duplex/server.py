@@ -20,10 +20,12 @@ from duplex import __version__
 from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
 from duplex.config import Settings
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
+from duplex.engine.vad import VadService
 from duplex.hub import SessionHub
 from duplex.limits import Admission
 from duplex.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
+from duplex.transcription import Transcriber
 from duplex.transport.realtime.client_secrets import client_secrets_endpoint
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.ws import realtime_endpoint
@@ -31,7 +33,6 @@ from duplex.transport.twilio.protocol import Options as TwilioOptions
 from duplex.transport.twilio.twiml import twiml_endpoint
 from duplex.transport.twilio.ws import twilio_endpoint
 from duplex.transport.webrtc.calls import CallRegistry
-from duplex.vad import VadService
 
 METRICS_SYNC_S = 5.0
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
@@ -89,7 +90,9 @@ def create_app(settings: Settings) -> Starlette:
             log_format=settings.server.log_format,
         )
         engine = await asyncio.to_thread(start_engine, spec, not es.process)
-        parts.update(engine=engine, vad=VadService())
+        ts = settings.transcription
+        transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)
+        parts.update(engine=engine, vad=VadService(), transcriber=transcriber)
         model = engine.model
         log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,
                  " in the engine process" if es.process else "")
@@ -106,6 +109,7 @@ def create_app(settings: Settings) -> Starlette:
         syncer.cancel()
         engine.stop()
         parts["vad"].stop()
+        transcriber.stop()
         await store.close()
 
     rs = settings.realtime
@@ -117,11 +121,12 @@ def create_app(settings: Settings) -> Starlette:
     )
     calls = CallRegistry(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
-        settings.webrtc, admission=gate.admission,
+        settings.webrtc, admission=gate.admission, transcriber_getter=lambda: parts["transcriber"],
     )
     realtime = realtime_endpoint(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
         registry=registry, heartbeat_s=ss.heartbeat_s, metrics=metrics,
+        transcriber_getter=lambda: parts["transcriber"],
     )
 
     ts = settings.telephony

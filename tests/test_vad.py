@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from duplex.bench.synth import babble
-from duplex.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadStream
+from duplex.engine.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadStream
 
 
 def signals():

@@ -22,10 +22,10 @@ from duplex.bench.synth import babble
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
+from duplex.engine.vad import VadService
 from duplex.media import float_to_pcm16
 from duplex.transport.realtime.protocol import Limits
-from duplex.transport.realtime.ws import RealtimeSession
-from duplex.vad import VadService
+from duplex.transport.realtime.session import RealtimeSession
 
 RATE = 24000
 FRAME = RATE // 50

@@ -1,6 +1,6 @@
 """Server VAD decisions from per-chunk speech probabilities: pure hysteresis on the sample clock.
 
-The probabilities come from a model (duplex.vad); the decisions are plain logic: speech starts
+The probabilities come from a model (duplex.engine.vad); the decisions are plain logic: speech starts
 when a chunk reaches `threshold`, and stops after `silence_samples` of chunks below it.
 """
 

@@ -15,6 +15,7 @@ from .service import (
     TranscriptionResult,
     TranscriptionService,
 )
+from .transcriber import Transcriber
 from .whisper import (
     EMBEDDED_NAME,
     CTranslate2Whisper,
@@ -38,6 +39,7 @@ __all__ = [
     "TranscriptionError",
     "TranscriptionResult",
     "TranscriptionService",
+    "Transcriber",
     "TransformersWhisper",
     "UnknownModelError",
     "WhisperRecognizer",

@@ -12,19 +12,45 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex.engine import AudioOut, Engine, ResponseFinished, SessionFailed
+from duplex.engine.client import EngineClient
+from duplex.engine.scheduler import (
+    AudioOut,
+    ResponseFinished,
+    SessionFailed,
+    TextOut,
+    ToolCallOut,
+)
+from duplex.transport.core import ProtocolCore
 from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
     EngineCommit,
+    EngineInstruct,
     EnginePush,
+    EnginePushText,
     Send,
     VadFeed,
 )
-from duplex.vad import VadService, VadStream
+from duplex.transport.inbox import (
+    CarrierGone,
+    EngineOutput,
+    Inbox,
+    Message,
+    PeerBytes,
+    PeerText,
+    Shutdown,
+    SpeechProbs,
+    Tick,
+)
+
+if TYPE_CHECKING:
+    # The VAD runs torch; protocol cores and this loop import without it.
+    from duplex.engine.vad import VadService
 
 TICK_S = 0.02
 PEER_GONE = (WebSocketDisconnect, RuntimeError, OSError)
@@ -38,16 +64,16 @@ class SessionLoop:
     rate: int
     """Samples per second of the protocol's clock."""
 
-    def __init__(self, engine: Engine, vad: VadService, send_text, session_id: str,
-                 protocol) -> None:
+    def __init__(self, engine: EngineClient, vad: VadService, send_text, session_id: str,
+                 protocol: ProtocolCore) -> None:
         self.engine = engine
         self.vad = vad
         self.send_text = send_text
         self.session_id = session_id
         self.protocol = protocol
-        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.inbox = Inbox()
         self.loop = asyncio.get_running_loop()
-        self.vad_stream = VadStream()
+        self.vad_stream = vad.new_stream()
         self.t0 = time.monotonic_ns()
         self.close_code: int | None = None
         self.close_reason = ""
@@ -55,29 +81,30 @@ class SessionLoop:
     def now_sample(self) -> int:
         return (time.monotonic_ns() - self.t0) * self.rate // 1_000_000_000
 
-    def _post(self, item) -> None:
-        # Engine and VAD threads may still answer after the session's loop has ended.
+    def post(self, message: Message) -> None:
+        """Put `message` in the inbox from another thread (the engine's, the VAD's)."""
+        # Those threads may still answer after the session's loop has ended.
         if not self.loop.is_closed():
             try:
-                self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
+                self.loop.call_soon_threadsafe(self.inbox.put, message)
             except RuntimeError:
                 pass
 
     def open(self) -> None:
         """Admit the session into the engine; raises AdmissionRefused when over a limit."""
-        self.engine.open(self.session_id, lambda event: self._post(("engine", event)))
+        self.engine.open(self.session_id, lambda event: self.post(EngineOutput(event)))
 
     def feed_text(self, text: str) -> None:
-        self.inbox.put_nowait(("text", text))
+        self.inbox.put(PeerText(text))
 
     def feed_bytes(self, data: bytes) -> None:
-        self.inbox.put_nowait(("bytes", data))
+        self.inbox.put(PeerBytes(data))
 
     def carrier_gone(self) -> None:
-        self.inbox.put_nowait(("gone",))
+        self.inbox.put(CarrierGone())
 
     async def shutdown(self, reason: str) -> None:
-        self.inbox.put_nowait(("close", 1001, reason))
+        self.inbox.put(Shutdown(1001, reason))
 
     async def run(self) -> None:
         """Serve until the carrier is gone or the protocol closes; then release everything."""
@@ -102,40 +129,29 @@ class SessionLoop:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            self.inbox.put_nowait(("tick",))
+            self.inbox.put(Tick())
 
     async def _loop(self) -> None:
         while True:
-            item = await self.inbox.get()
-            if item[0] == "gone":
+            message = await self.inbox.get()
+            if isinstance(message, CarrierGone):
                 return
-            if item[0] == "close":
-                self.close_code, self.close_reason = item[1], item[2]
+            if isinstance(message, Shutdown):
+                self.close_code, self.close_reason = message.code, message.reason
                 return
-            effects = self.dispatch(item)
+            effects = self.dispatch(message)
             effects += self.protocol.release_output(self.now_sample())
             if await self.execute(effects):
                 return
 
-    def dispatch(self, item: tuple) -> list:
-        """Hand one inbox item to the protocol; returns its effects."""
-        p = self.protocol
-        kind = item[0]
-        if kind == "text":
-            return p.receive_text(item[1])
-        if kind == "bytes":
-            return p.receive_bytes(item[1])
-        if kind == "vad":
-            return p.on_vad(item[1])
-        if kind == "engine":
-            event = item[1]
-            if isinstance(event, AudioOut):
-                return p.on_engine_audio(event.epoch, event.pcm, event.text)
-            if isinstance(event, ResponseFinished):
-                return p.on_engine_finished(event.epoch)
-            if isinstance(event, SessionFailed):
-                return p.on_engine_failed(event.message)
-        return []
+    def dispatch(self, message: Message) -> list:
+        """Hand one inbox message to the protocol; returns its effects."""
+        handler = _MESSAGES.get(type(message))
+        return handler(self, message) if handler is not None else []
+
+    def _engine_output(self, message: EngineOutput) -> list:
+        handler = _ENGINE_EVENTS.get(type(message.event))
+        return handler(self.protocol, message.event) if handler is not None else []
 
     async def execute(self, effects) -> bool:
         """Carry out effects in order; True when the session must end."""
@@ -147,9 +163,14 @@ class SessionLoop:
             elif isinstance(effect, EnginePush):
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
-                self.vad.submit(self.vad_stream, effect.pcm, lambda probs: self._post(("vad", probs)))
+                self.vad.submit(self.vad_stream, effect.pcm,
+                                lambda probs: self.post(SpeechProbs(probs)))
             elif isinstance(effect, EngineCommit):
-                self.engine.commit(sid, effect.epoch)
+                self.engine.commit(sid, effect.epoch, effect.spec)
+            elif isinstance(effect, EnginePushText):
+                self.engine.push_text(sid, effect.text, effect.role)
+            elif isinstance(effect, EngineInstruct):
+                self.engine.instruct(sid, effect.instructions, effect.tools)
             elif isinstance(effect, EngineCancel):
                 self.engine.cancel(sid, effect.epoch)
             elif isinstance(effect, CloseConnection):
@@ -175,6 +196,24 @@ class SessionLoop:
     async def carry_out(self, effect) -> bool:
         """An effect only this transport knows; True ends the session."""
         raise TypeError(f"{type(self).__name__} cannot carry out {type(effect).__name__}")
+
+
+_MESSAGES: dict[type, Callable[[SessionLoop, Any], list]] = {
+    PeerText: lambda loop, m: loop.protocol.receive_text(m.text),
+    PeerBytes: lambda loop, m: loop.protocol.receive_bytes(m.data),
+    SpeechProbs: lambda loop, m: loop.protocol.on_vad(m.probs),
+    EngineOutput: SessionLoop._engine_output,
+    Tick: lambda loop, m: [],
+}
+"""Messages every session takes; a transport's own (media, resume) extend it (`messages`)."""
+
+_ENGINE_EVENTS: dict[type, Callable[[Any, Any], list]] = {
+    AudioOut: lambda p, e: p.on_engine_audio(e.epoch, e.pcm, e.text),
+    TextOut: lambda p, e: p.on_engine_text(e.epoch, e.text),
+    ToolCallOut: lambda p, e: p.on_engine_tool_call(e.epoch, e.piece),
+    ResponseFinished: lambda p, e: p.on_engine_finished(e.epoch, e.reason),
+    SessionFailed: lambda p, e: p.on_engine_failed(e.message),
+}
 
 
 async def close_quietly(ws: WebSocket, code: int, reason: str = "") -> None:

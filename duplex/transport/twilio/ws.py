@@ -12,6 +12,7 @@ import secrets
 from starlette.websockets import WebSocket
 
 from duplex.engine import AdmissionRefused, Engine
+from duplex.engine.vad import VadService
 from duplex.metrics import Metrics
 from duplex.transport.loop import SessionLoop, close_quietly, serve_websocket
 from duplex.transport.twilio.protocol import (
@@ -22,7 +23,6 @@ from duplex.transport.twilio.protocol import (
     Rejected,
     TwilioProtocol,
 )
-from duplex.vad import VadService
 
 log = logging.getLogger("duplex.twilio")
 

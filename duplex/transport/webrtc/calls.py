@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from duplex.engine import AdmissionRefused
 from duplex.transport.realtime.protocol import RATE
-from duplex.transport.realtime.ws import RealtimeSession
+from duplex.transport.realtime.session import RealtimeSession
 from duplex.transport.webrtc.ice import offer_host_addresses
 from duplex.transport.webrtc.media import ReplyTrack, read_audio, read_video
 from duplex.transport.webrtc.offer import offer_problem
@@ -73,8 +73,9 @@ class Call:
 
 class CallRegistry:
     def __init__(self, engine_getter, vad_getter, limits, model_name: str, hub, webrtc_settings,
-                 admission=None):
+                 admission=None, transcriber_getter=lambda: None):
         self.engine_getter = engine_getter
+        self.transcriber_getter = transcriber_getter
         self.vad_getter = vad_getter
         self.limits = limits
         self.model_name = model_name
@@ -171,6 +172,7 @@ class CallRegistry:
         session = RealtimeSession(
             self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
             media=track, video_interval_samples=int(RATE / self.settings.video_fps), quota=quota,
+            transcriber=self.transcriber_getter(),
         )
         call = Call(call_id, pc, session, track)
         holder["call"] = call

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-log = logging.getLogger("duplex.vad")
+from duplex.media.rates import VAD_CHUNK, VAD_RATE
 
-VAD_RATE = 16000
-VAD_CHUNK = 512
+log = logging.getLogger("duplex.vad")
 _CONTEXT = 64
 
 
@@ -82,6 +81,11 @@ class VadService:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="duplex-vad", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def new_stream() -> VadStream:
+        """A session's detector state, its own from the first chunk."""
+        return VadStream()
 
     def submit(self, stream: VadStream, pcm: np.ndarray, callback) -> None:
         """Queue 16 kHz audio; `callback(probs)` runs on the VAD thread with its probabilities."""

@@ -1,0 +1,41 @@
+"""The server's input transcription as sessions see it: the model names they may ask for, and
+one call that recognises an item's audio off the event loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .recognizer import SAMPLE_RATE
+from .registry import RecognizerRegistry
+from .service import (
+    RECOGNITION_FAILED,
+    Callback,
+    TranscriptionError,
+    TranscriptionResult,
+    TranscriptionService,
+)
+
+
+class Transcriber:
+    def __init__(self, configured: str, max_queue: int = 64) -> None:
+        self.registry = RecognizerRegistry(configured)
+        self.service = TranscriptionService(max_queue=max_queue)
+        # A client may name the configured checkpoint, never another directory: paths sent
+        # over the wire would let any client make the server load whatever it can read.
+        own = [configured] if Path(configured).expanduser().is_dir() else []
+        self.names = tuple(dict.fromkeys([*self.registry.names(), *own]))
+
+    def submit(self, model: str, pcm: np.ndarray, callback: Callback) -> None:
+        """Recognise `pcm` (float32, 16 kHz) with `model`; `callback` gets the result, once."""
+        try:
+            recognizer = self.registry.resolve(model)
+        except ValueError as exc:
+            callback(TranscriptionResult("", model, len(pcm) / SAMPLE_RATE,
+                                         TranscriptionError(RECOGNITION_FAILED, str(exc))))
+            return
+        self.service.submit(recognizer, pcm, callback)
+
+    def stop(self) -> None:
+        self.service.stop()

@@ -1,0 +1,280 @@
+"""One Realtime session on any carrier: the WebSocket endpoint, the WebRTC data channel and the
+benchmark's in-process clients all run this same loop around the pure Realtime core, with
+what only a Realtime session has: media tracks, resume and its registry keeper, quotas,
+per-stage timings, input transcription, metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from duplex.engine.client import EngineClient
+from duplex.engine.scheduler import ResponseTimings
+from duplex.limits import Quota
+from duplex.logs import bind_session
+from duplex.media.image import decode_image
+from duplex.metrics import Metrics
+from duplex.store import ResumeError, SessionRegistry
+from duplex.store.keeper import SessionKeeper
+from duplex.transcription.service import (
+    RECOGNITION_FAILED,
+    TranscriptionError,
+    TranscriptionResult,
+)
+from duplex.transport.effects import (
+    EngineClearInput,
+    EnginePushFrame,
+    EnginePushImage,
+    FlushAudio,
+    InvalidToolCall,
+    PlayAudio,
+)
+from duplex.transport.inbox import (
+    EngineOutput,
+    Fenced,
+    MediaAudio,
+    MediaFrame,
+    Message,
+    PeerBytes,
+    PeerText,
+    Tick,
+    TranscriptReady,
+)
+from duplex.transport.loop import SessionLoop
+from duplex.transport.realtime.protocol import (
+    RATE,
+    Limits,
+    RealtimeProtocol,
+    ResumeSession,
+    Transcribe,
+)
+from duplex.transport.realtime.session_config import Voices
+
+if TYPE_CHECKING:
+    from duplex.engine.vad import VadService
+    from duplex.transcription import Transcriber
+
+log = logging.getLogger("duplex.realtime")
+# Events after which the conversation (or its settings) changed: saved at once, not at the
+# next heartbeat.
+_SAVE_AFTER = frozenset({
+    "session.updated", "conversation.item.done", "conversation.item.truncated",
+    "conversation.item.deleted", "response.done", "conversation.item.created",
+})
+_NO_TRANSCRIBER = TranscriptionResult("", "", 0.0, TranscriptionError(
+    RECOGNITION_FAILED, "This server runs no speech recogniser."))
+
+
+class RealtimeSession(SessionLoop):
+    """One Realtime session on any carrier: frames go in through `inbox`, events out through
+    `send_text`. The WebSocket endpoint, the WebRTC data channel and the benchmark's in-process
+    clients all run this same loop.
+    """
+
+    rate = RATE
+
+    def __init__(self, engine: EngineClient, vad: VadService, limits: Limits, model_name: str,
+                 send_text, *, beta: bool = False, session_id: str | None = None,
+                 media=None, video_interval_samples: int = RATE // 2,
+                 registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
+                 quota: Quota | None = None, metrics: Metrics | None = None,
+                 duplex_events: bool = False, transcriber: Transcriber | None = None) -> None:
+        # This connection's name in the engine and hub; a resume changes only the protocol's
+        # (the registry's) id, so the same session resumed on this node never collides.
+        session_id = session_id or "sess_" + secrets.token_hex(8)
+        token = None
+        if registry is not None:
+            lease, token = registry.new_lease(session_id)
+        protocol = RealtimeProtocol(
+            session_id,
+            model=model_name,
+            model_input_rate=engine.model.input_rate,
+            model_output_rate=engine.model.output_rate,
+            beta=beta,
+            limits=limits,
+            media_track=media is not None,
+            video_interval_samples=video_interval_samples,
+            resume_token=token,
+            duplex_events=duplex_events,
+            voices=Voices(engine.model.voices, engine.model.default_voice),
+            transcription_models=transcriber.names if transcriber is not None else (),
+        )
+        super().__init__(engine, vad, send_text, session_id, protocol)
+        self.media = media
+        """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
+        self.quota = quota
+        self.metrics = metrics
+        self.transcriber = transcriber
+        self._response_started: float | None = None
+        self._onset: int | None = None
+        self.keeper = None
+        if registry is not None:
+            self.keeper = SessionKeeper(
+                registry, lease, lambda: self.protocol.snapshot(self.now_sample()),
+                lambda: self.inbox.put(Fenced()), heartbeat_s,
+            )
+
+    def feed_audio(self, pcm) -> None:
+        """Float32 mono at 24 kHz from a media track."""
+        self.inbox.put(MediaAudio(pcm))
+
+    def feed_frame(self, frame, pts_sample: int) -> None:
+        """A camera frame whose time on the input clock is `pts_sample` (24 kHz)."""
+        self.inbox.put(MediaFrame(frame, pts_sample))
+
+    async def started(self) -> bool:
+        bind_session(self.protocol.session_id,
+                     self.keeper.lease.epoch if self.keeper is not None else None)
+        if self.keeper is not None:
+            await self.keeper.start()
+        return await self.execute(self.protocol.start())
+
+    async def ended(self) -> None:
+        if self.keeper is not None:
+            await self.keeper.stop()
+        held = self.protocol.close()
+        if self.metrics is not None:
+            for track, counters in self.protocol.core.tracks.items():
+                for reason, n in counters.dropped.items():
+                    self.metrics.dropped.labels(track, reason).inc(n)
+        log.info("session %s closed; released %s", self.session_id, held)
+
+    def dispatch(self, message: Message) -> list:
+        own = _MESSAGES.get(type(message))
+        if own is not None:
+            return own(self, message)
+        if isinstance(message, (PeerText, PeerBytes)) and self.quota is not None \
+                and (wait := self.quota.take()):
+            return self.protocol.refuse(
+                "rate_limit_exceeded",
+                f"Too many messages: this one was dropped. Retry in {wait:.2f} s.")
+        if isinstance(message, Tick) and self._past_duration():
+            return self.protocol.end("session_duration_exceeded",
+                                     f"Sessions last at most {self.quota.max_session_s:g} s "
+                                     "(limits.max_session_s).", 1008, "session duration limit")
+        return super().dispatch(message)
+
+    def _engine_output(self, message: EngineOutput) -> list:
+        t = message.event
+        if isinstance(t, ResponseTimings):
+            return self.protocol.on_engine_timings({
+                "input": t.input_ms,
+                "thinker_first_token": t.thinker_first_token_ms,
+                "talker_first_codes": t.talker_first_codes_ms,
+                "codec_first_audio": t.codec_first_audio_ms,
+            })
+        return super()._engine_output(message)
+
+    def _fenced(self, message: Fenced) -> list:
+        p = self.protocol
+        return p.end("session_taken_over",
+                     f"Session '{p.session_id}' was resumed on another connection; "
+                     "this one no longer serves it.", 4409, "session taken over")
+
+    def _transcript(self, message: TranscriptReady) -> list:
+        r = message.result
+        return self.protocol.on_transcript(message.item_id, r.text,
+                                           r.error.message if r.error else None, r.audio_s)
+
+    async def _push_image(self, data: bytes) -> bool:
+        """Decode off the event loop; a bad image is the client's error, the session goes on."""
+        try:
+            rgb = await asyncio.to_thread(decode_image, data)
+        except ValueError as exc:
+            return await self.execute(
+                self.protocol.refuse("invalid_image", str(exc), "item.content.0.image_url")
+            )
+        self.engine.push_frame(self.session_id, rgb)
+        return False
+
+    def sent(self, event: dict) -> None:
+        if self.metrics is not None:
+            self._observe(event)
+        if self.keeper is not None and event["type"] in _SAVE_AFTER:
+            self.keeper.touch()
+
+    async def carry_out(self, effect) -> bool:
+        sid = self.session_id
+        if isinstance(effect, EngineClearInput):
+            self.engine.clear_input(sid)
+        elif isinstance(effect, EnginePushFrame):
+            frame = effect.frame
+            rgb = frame.to_ndarray(format="rgb24") if hasattr(frame, "to_ndarray") else frame
+            self.engine.push_frame(sid, rgb)
+        elif isinstance(effect, EnginePushImage):
+            return await self._push_image(effect.data)
+        elif isinstance(effect, PlayAudio):
+            self.media.play(effect.start_sample, effect.pcm)
+        elif isinstance(effect, FlushAudio):
+            self.media.flush()
+        elif isinstance(effect, ResumeSession):
+            return await self.execute(await self._resume(effect))
+        elif isinstance(effect, Transcribe):
+            self._transcribe(effect)
+        elif isinstance(effect, InvalidToolCall):
+            log.warning("session %s: the model wrote a tool call that is not JSON: %r",
+                        self.session_id, effect.raw[:200])
+            if self.metrics is not None:
+                self.metrics.tool_calls_invalid.inc()
+        else:
+            return await super().carry_out(effect)
+        return False
+
+    def _transcribe(self, effect: Transcribe) -> None:
+        item_id = effect.item_id
+        if self.transcriber is None:
+            self.inbox.put(TranscriptReady(item_id, _NO_TRANSCRIBER))
+            return
+        self.transcriber.submit(effect.model, effect.pcm,
+                                lambda result: self.post(TranscriptReady(item_id, result)))
+
+    def _observe(self, event: dict) -> None:
+        """Feed TTFA and barge-in latency (a barge-in's speech_started and its cleared come in
+        one batch of effects)."""
+        type_ = event["type"]
+        if type_ == "response.created":
+            self._response_started = time.monotonic()
+        elif self._response_started is not None and (
+            type_.endswith("audio.delta") or type_ == "output_audio_buffer.started"
+        ):
+            self.metrics.ttfa.observe(time.monotonic() - self._response_started)
+            self._response_started = None
+        elif type_ == "input_audio_buffer.speech_started":
+            self._onset = event["audio_start_ms"] * RATE // 1000 + self.protocol.detector.prefix_samples
+        elif type_ == "output_audio_buffer.cleared" and self._onset is not None:
+            self.metrics.barge_in.observe(max(0, self.now_sample() - self._onset) / RATE)
+            self._onset = None
+
+    def _past_duration(self) -> bool:
+        limit = self.quota.max_session_s if self.quota is not None else 0
+        return bool(limit) and self.now_sample() >= limit * RATE
+
+    async def _resume(self, effect: ResumeSession):
+        if self.keeper is None:
+            return self.protocol.refuse("session_not_found",
+                                        "This server keeps no session registry.", "session_id")
+        try:
+            lease, record = await self.keeper.registry.resume(effect.session_id,
+                                                              effect.resume_token)
+        except ResumeError as exc:
+            return self.protocol.refuse(exc.code, str(exc), "session_id")
+        await self.keeper.switch(lease)
+        bind_session(record.id, lease.epoch)
+        self.protocol.resume_token = effect.resume_token
+        log.info("session %s resumed at epoch %d (connection %s)", record.id, lease.epoch,
+                 self.session_id)
+        return self.protocol.resumed(record.id, record.conversation, record.config)
+
+
+_MESSAGES: dict[type, Callable[[RealtimeSession, Any], list]] = {
+    MediaAudio: lambda s, m: s.protocol.receive_audio(m.pcm),
+    MediaFrame: lambda s, m: s.protocol.receive_video_frame(m.frame, m.pts_sample),
+    Fenced: RealtimeSession._fenced,
+    TranscriptReady: RealtimeSession._transcript,
+}
+"""What only a Realtime session takes; the rest goes to SessionLoop."""
