@@ -1,10 +1,10 @@
 """Shared pieces of the agent-framework tests: a `duplex serve` per test (echo or the tiny
-Qwen3-Omni), speech to say, real-time pacing, waits with deadlines and the checks every
-framework test ends with.
+Qwen3-Omni), speech to say, real-time pacing, waits with deadlines, the steps every framework
+runs and the checks each session ends with.
 
-Each framework drives the server through its own public API; what it received is recorded
-here as the raw server events (dicts) so the checks can name the server's own error
-messages when something goes wrong.
+Each framework drives the server through its own public API; what it received is recorded as
+the raw server events (dicts), so a failure names the server's own error messages. A test
+collects everything wrong across its sessions and fails once, listing it all.
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ def utterance(speech_s: float, seed: int, lead_s: float = 0.3, tail_s: float = 0
     lead = np.zeros(int(RATE * lead_s), np.float32)
     tail = np.zeros(int(RATE * tail_s), np.float32)
     return pcm16(np.concatenate([lead, speech, tail]))
-
-
-def ms_of(pcm: bytes) -> float:
-    return len(pcm) / 2 / RATE * 1000
 
 
 async def stream(send: Callable[[bytes], Any], audio: bytes, chunk_ms: int = CHUNK_MS) -> None:
@@ -105,13 +101,6 @@ class Wire:
     def responses_done(self) -> list[dict[str, Any]]:
         return [e["response"] for e in self.of("response.done")]
 
-    def audio_bytes(self, response_id: str) -> int:
-        import base64
-
-        return sum(len(base64.b64decode(e["delta"])) for e in self.events
-                   if e.get("type") in ("response.output_audio.delta", "response.audio.delta")
-                   and e.get("response_id") == response_id)
-
     def summary(self) -> str:
         errors = [e.get("error", {}) for e in self.errors()]
         text = ", ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or "none"
@@ -140,7 +129,7 @@ async def active_sessions(server) -> int:
         return (await client.get(f"{server.url}/healthz", timeout=2)).json()["active_sessions"]
 
 
-async def sessions_drained(server, timeout: float = 3.0) -> str | None:
+async def sessions_drained(server, timeout: float = 2.0) -> str | None:
     """None once /healthz reports no active session; else what it still reports."""
     deadline = time.monotonic() + timeout
     while True:
@@ -162,33 +151,41 @@ async def voice_turns(c, problems: list[str]) -> None:
 
     A spoken turn that server VAD ends, then a second one talked over once 600 ms of its
     reply has arrived (the framework truncates the reply it was playing, the server cancels
-    it), then the turn that barge-in started, which must get its own reply. Wrong outcomes go
-    into `problems`; a wait that runs out raises AssertionError (the rest stand on it).
+    it), then the turn that barge-in started, which must get a reply of its own (the session
+    is closed while that reply plays). Wrong outcomes go into `problems`; a wait that runs
+    out raises AssertionError (the rest stand on it).
     """
     wire = c.wire
 
-    def done(n: int):
-        return wait_until(lambda: len(wire.responses_done()) >= n, 30, f"response.done #{n}", wire)
+    def created(n: int) -> str | None:
+        ids = [e["response"]["id"] for e in wire.of("response.created")]
+        return ids[n - 1] if len(ids) >= n else None
 
     await c.say(utterance(0.8, seed=1))
-    await done(1)
+    await wait_until(lambda: len(wire.responses_done()) >= 1, 30, "response.done #1", wire)
     first = wire.responses_done()[0]
     if first["status"] != "completed":
         problems.append(f"turn 1: the reply ended {first['status']}")
     await wait_until(lambda: c.heard(first["id"]) > 0, 5, "turn 1's reply audio in the client", wire)
 
     await c.say(utterance(1.2, seed=2))
-    await wait_until(lambda: len(wire.of("response.created")) >= 2, 20, "the second response", wire)
-    second = wire.of("response.created")[1]["response"]["id"]
+    await wait_until(lambda: created(2) is not None, 20, "the second response", wire)
+    second = created(2)
     await wait_until(lambda: c.heard(second) >= RATE * 2 * 6 // 10, 20,
                      "600 ms of the second reply in the client", wire)
     item = next(e["item"]["id"] for e in wire.of("response.output_item.added")
                 if e["response_id"] == second)
     await c.say(utterance(0.8, seed=3, lead_s=0.0, tail_s=0.7))
-    await done(3)
-    by_id = {r["id"]: r for r in wire.responses_done()}
-    if by_id[second]["status"] != "cancelled":
-        problems.append(f"barge-in: the talked-over reply ended {by_id[second]['status']}")
+    await wait_until(lambda: any(r["id"] == second for r in wire.responses_done()), 10,
+                     "response.done of the talked-over reply", wire)
+    status = next(r["status"] for r in wire.responses_done() if r["id"] == second)
+    if status != "cancelled":
+        problems.append(f"barge-in: the talked-over reply ended {status}")
+
+    await wait_until(lambda: created(3) is not None, 20,
+                     "a response to the turn that talked over the reply", wire)
+    await wait_until(lambda: c.heard(created(3)) > 0, 10,
+                     "the reply audio of the turn after the barge-in in the client", wire)
     if c.truncate_sent(item) is False:
         problems.append("barge-in: the client sent no conversation.item.truncate for the "
                         "talked-over reply")
@@ -196,12 +193,33 @@ async def voice_turns(c, problems: list[str]) -> None:
         problems.append("barge-in: no conversation.item.truncated answered the client's "
                         "conversation.item.truncate of the talked-over reply")
 
-    third = wire.responses_done()[-1]
-    if third["status"] != "completed":
-        problems.append(f"turn after barge-in: the reply ended {third['status']}")
-    else:
-        await wait_until(lambda: c.heard(third["id"]) > 0, 5,
-                         "the reply audio of the turn after the barge-in in the client", wire)
+
+async def text_reply_to_speech(c, problems: list[str]) -> None:
+    """A spoken turn in a session configured for text output (output_modalities ["text"],
+    as when the agent speaks through a TTS of its own): the reply must be text, spelled as
+    text (response.output_text.*, content parts of type text, no audio events), and reach
+    the framework (`c.text(response_id)`: characters of reply text it delivered)."""
+    wire = c.wire
+    await c.say(utterance(0.6, seed=4))
+    await wait_until(lambda: len(wire.responses_done()) >= 1, 30, "response.done", wire)
+    reply = wire.responses_done()[0]
+    if reply["status"] != "completed":
+        problems.append(f"text-only reply: it ended {reply['status']}")
+    mine = [e for e in wire.events if e.get("response_id") == reply["id"]]
+    audio = sorted({e["type"] for e in mine if "audio" in e["type"]})
+    if audio:
+        problems.append(f"text-only reply: the server sent {audio}, where a text reply has "
+                        "response.output_text.delta / .done and no audio events")
+    if not any(e["type"] == "response.output_text.done" for e in mine):
+        problems.append("text-only reply: no response.output_text.done")
+    parts = sorted({e["part"]["type"] for e in mine if e["type"].startswith("response.content_part.")})
+    if parts != ["text"]:
+        problems.append(f"text-only reply: content parts of type {parts}, not ['text']")
+    content = [p.get("type") for i in reply.get("output") or [] for p in i.get("content") or []]
+    if content != ["output_text"]:
+        problems.append(f"text-only reply: response.done output content {content}, "
+                        "not ['output_text']")
+    await wait_until(lambda: c.text(reply["id"]) > 0, 5, "the reply text in the client", wire)
 
 
 def session_config_problems(wire: Wire, tools: list[str], voice: str | None,
@@ -220,10 +238,11 @@ def session_config_problems(wire: Wire, tools: list[str], voice: str | None,
     return out
 
 
-async def run_sessions(server, make_client: Callable[[], Any],
+async def run_sessions(server, make_client: Callable[..., Any],
                        phases: list[tuple[str, Callable[[Any, list[str]], Any]]]) -> list[str]:
     """One client session per phase, one after another, against `server`.
 
+    The "text-only" phase's client is made with text output (`make_client(text_only=True)`).
     Each phase's steps get the open client and a list for what went wrong; then the client
     closes itself (its own close), its own complaints are added (`client.problems()`: error
     events, validation failures) and /healthz must be back to no active session. Returns
@@ -231,7 +250,7 @@ async def run_sessions(server, make_client: Callable[[], Any],
     """
     problems: list[str] = []
     for name, steps in phases:
-        client = make_client()
+        client = make_client(text_only=name == "text-only")
         found: list[str] = []
         async with client as c:
             try:
@@ -261,8 +280,8 @@ def kit():
     """The helpers above, for the test modules (conftest is not importable under
     --import-mode=importlib)."""
     return SimpleNamespace(
-        RATE=RATE, pcm16=pcm16, utterance=utterance, ms_of=ms_of, stream=stream,
-        wait_until=wait_until, Wire=Wire, error_lines=error_lines, report=report,
-        sessions_drained=sessions_drained, voice_turns=voice_turns, run_sessions=run_sessions,
+        RATE=RATE, utterance=utterance, stream=stream, wait_until=wait_until, Wire=Wire,
+        error_lines=error_lines, report=report, run_sessions=run_sessions,
+        voice_turns=voice_turns, text_reply_to_speech=text_reply_to_speech,
         session_config_problems=session_config_problems,
     )

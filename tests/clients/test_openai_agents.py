@@ -60,19 +60,21 @@ class Client(RealtimeModelListener):
     """One SDK session and what came of it: raw server events from a model listener, audio
     and errors from the session's own event stream, the SDK's error log."""
 
-    def __init__(self, kit, server) -> None:
+    def __init__(self, kit, server, text_only: bool = False) -> None:
         self.kit = kit
         self.model_kind = server.model_kind
         self.wire = kit.Wire()
         self.audio: dict[str, int] = {}
+        self.texts: dict[str, str] = {}
         self.session_errors: list[str] = []
         self.log = _Records()
         agent = RealtimeAgent(name="assistant", instructions="Answer briefly.",
                               tools=[get_weather])
-        self.runner = RealtimeRunner(agent, config={"model_settings": {
-            "turn_detection": {"type": "server_vad", "create_response": True,
-                               "interrupt_response": True},
-        }})
+        settings = {"turn_detection": {"type": "server_vad", "create_response": True,
+                                       "interrupt_response": True}}
+        if text_only:
+            settings["output_modalities"] = ["text"]
+        self.runner = RealtimeRunner(agent, config={"model_settings": settings})
         self.model_config = {
             "url": server.url.replace("http", "ws", 1) + f"/v1/realtime?model={server.model_kind}",
             "api_key": "sk-test",
@@ -83,6 +85,8 @@ class Client(RealtimeModelListener):
     async def on_event(self, event) -> None:  # RealtimeModelListener
         if event.type == "raw_server_event":
             self.wire.add(event.data)
+        elif event.type in ("output_text_delta", "transcript_delta"):
+            self.texts[event.response_id] = self.texts.get(event.response_id, "") + event.delta
 
     async def _consume(self) -> None:
         async for event in self.session:
@@ -114,6 +118,9 @@ class Client(RealtimeModelListener):
 
     def heard(self, response_id: str) -> int:
         return self.audio.get(response_id, 0)
+
+    def text(self, response_id: str) -> int:
+        return len(self.texts.get(response_id, ""))
 
     def truncate_sent(self, item_id: str) -> None:
         return None  # the SDK sends it from inside its event handler; the server's answer tells
@@ -167,8 +174,9 @@ async def text_and_tool(c: Client, problems: list[str]) -> None:
 
 @pytest.mark.timeout(150)
 async def test_openai_agents_sdk_realtime_session(duplex_server, kit):
-    problems = await kit.run_sessions(duplex_server, lambda: Client(kit, duplex_server), [
+    problems = await kit.run_sessions(duplex_server, lambda **kw: Client(kit, duplex_server, **kw), [
         ("voice", kit.voice_turns),
         ("text+tool", text_and_tool),
+        ("text-only", kit.text_reply_to_speech),
     ])
     assert not problems, kit.report(problems)

@@ -15,7 +15,12 @@ import asyncio
 import pytest
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
-from pipecat.frames.frames import InputAudioRawFrame, LLMContextFrame, TTSAudioRawFrame
+from pipecat.frames.frames import (
+    InputAudioRawFrame,
+    LLMContextFrame,
+    LLMTextFrame,
+    TTSAudioRawFrame,
+)
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -40,13 +45,16 @@ _PARSE = events.parse_server_event
 class Client:
     """A pipeline holding the realtime service, its runner, and what came out of it."""
 
-    def __init__(self, kit, server, monkeypatch) -> None:
+    def __init__(self, kit, server, monkeypatch, text_only: bool = False) -> None:
         self.kit = kit
         self.model_kind = server.model_kind
         self.wire = kit.Wire()
         self.audio: list[bytes] = []
-        self.heard_at: list[tuple[str, int]] = []
-        """(response id, reply audio bytes out of the pipeline when it was created)."""
+        self.texts: list[str] = []
+        self.marks: list[tuple[str, int, int]] = []
+        """(response id, reply audio bytes and text characters out of the pipeline when it
+        was created): TTSAudioRawFrames and LLMTextFrames carry no response id, and they
+        come out in order."""
         self.pipeline_errors: list[str] = []
 
         # Observe what the service parses (it reads the socket itself): every raw event is
@@ -55,7 +63,7 @@ class Client:
             self.wire.add(message)
             event = self.wire.events[-1]
             if event.get("type") == "response.created":
-                self.heard_at.append((event["response"]["id"], self.total()))
+                self.marks.append((event["response"]["id"], self.total(), self.total_text()))
             try:
                 return _PARSE(message)
             except Exception as exc:
@@ -71,6 +79,7 @@ class Client:
                 model=server.model_kind,
                 system_instruction="Answer briefly.",
                 session_properties=events.SessionProperties(
+                    output_modalities=["text"] if text_only else None,
                     audio=events.AudioConfiguration(
                         input=events.AudioInput(turn_detection=events.TurnDetection()),
                         output=events.AudioOutput(voice="alloy"),
@@ -86,11 +95,14 @@ class Client:
             enable_turn_tracking=False,
             idle_timeout_secs=None,
         )
-        self.worker.set_reached_downstream_filter((TTSAudioRawFrame,))
+        self.worker.set_reached_downstream_filter((TTSAudioRawFrame, LLMTextFrame))
 
         @self.worker.event_handler("on_frame_reached_downstream")
         async def on_downstream(worker, frame):
-            self.audio.append(frame.audio)
+            if isinstance(frame, TTSAudioRawFrame):
+                self.audio.append(frame.audio)
+            else:
+                self.texts.append(frame.text)
 
         @self.worker.event_handler("on_pipeline_error")
         async def on_error(worker, frame):
@@ -128,15 +140,23 @@ class Client:
     def total(self) -> int:
         return sum(len(a) for a in self.audio)
 
-    def heard(self, response_id: str) -> int:
-        """Reply audio out of the pipeline since `response_id` was created, up to the next
-        response (TTSAudioRawFrames carry no response id; they come out in order)."""
-        marks = [m for _, m in self.heard_at] + [self.total()]
-        ids = [rid for rid, _ in self.heard_at]
+    def total_text(self) -> int:
+        return sum(len(t) for t in self.texts)
+
+    def _since(self, response_id: str, which: int, now: int) -> int:
+        """What came out between `response_id` being created and the next response."""
+        ids = [m[0] for m in self.marks]
         if response_id not in ids:
             return 0
         i = ids.index(response_id)
-        return marks[i + 1] - marks[i]
+        end = self.marks[i + 1][which] if i + 1 < len(self.marks) else now
+        return end - self.marks[i][which]
+
+    def heard(self, response_id: str) -> int:
+        return self._since(response_id, 1, self.total())
+
+    def text(self, response_id: str) -> int:
+        return self._since(response_id, 2, self.total_text())
 
     def truncate_sent(self, item_id: str) -> None:
         return None  # sent from inside the service's receive loop; the server's answer tells
@@ -193,8 +213,12 @@ async def text_and_tool(c: Client, problems: list[str]) -> None:
 
 @pytest.mark.timeout(150)
 async def test_pipecat_openai_realtime_service(duplex_server, kit, monkeypatch):
-    problems = await kit.run_sessions(duplex_server, lambda: Client(kit, duplex_server, monkeypatch), [
+    def client(**kw) -> Client:
+        return Client(kit, duplex_server, monkeypatch, **kw)
+
+    problems = await kit.run_sessions(duplex_server, client, [
         ("voice", kit.voice_turns),
         ("text+tool", text_and_tool),
+        ("text-only", kit.text_reply_to_speech),
     ])
     assert not problems, kit.report(problems)
