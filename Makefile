@@ -18,8 +18,9 @@ $(VENV)/.runtime: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e .
 	touch $@
 
+# torch is pinned again so that nothing the extras pull in can swap the CPU build out.
 $(VENV)/.test: $(VENV)/.runtime
-	$(PIP) install --quiet -e '.[test,dev]'
+	$(PIP) install --quiet torch==2.13.0 -e '.[test,dev,clients]'
 	touch $@
 
 system-deps:
