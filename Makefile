@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TEST_SYSTEM_PACKAGES := chromium redis-server espeak-ng
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test bench lint system-deps
+.PHONY: serve test test-fast bench lint system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ serve: $(VENV)/.runtime
 
 test: $(VENV)/.test system-deps
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the tests marked slow (real servers, browsers, clients).
+test-fast: $(VENV)/.test system-deps
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing

@@ -11,8 +11,8 @@ import uvicorn
 
 from duplex import logs
 from duplex.config import Settings
-from duplex.hub import SessionHub
 from duplex.server import create_app
+from duplex.transport.hub import SessionHub
 
 
 class _Server(uvicorn.Server):

@@ -17,15 +17,15 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex import __version__
-from duplex.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
+from duplex.access.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
+from duplex.access.limits import Admission
 from duplex.config import Settings
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.vad import VadService
-from duplex.hub import SessionHub
-from duplex.limits import Admission
-from duplex.metrics import Metrics
+from duplex.observability.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
 from duplex.transcription import Transcriber
+from duplex.transport.hub import SessionHub
 from duplex.transport.realtime.client_secrets import client_secrets_endpoint
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.ws import realtime_endpoint

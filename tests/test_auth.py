@@ -8,9 +8,9 @@ import pytest
 import websockets
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
-from duplex.auth import choose_subprotocol, twilio_signature
+from duplex.access.auth import choose_subprotocol, twilio_signature
+from duplex.access.limits import Admission
 from duplex.config import LimitsSettings, load_settings
-from duplex.limits import Admission
 from duplex.server import create_app
 
 KEY = "sk-good"

@@ -16,8 +16,8 @@ import websockets
 
 from duplex.engine.scheduler import Drop
 from duplex.engine.stats import EngineStats
-from duplex.logs import JsonFormatter, SessionContext, bind_session
-from duplex.metrics import Metrics
+from duplex.observability.logs import JsonFormatter, SessionContext, bind_session
+from duplex.observability.metrics import Metrics
 
 
 def test_engine_stats_become_histograms_and_are_drained():

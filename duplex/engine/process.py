@@ -189,7 +189,7 @@ def child() -> None:
     except EOFError:
         return
     if spec.log_level is not None:
-        from duplex.logs import configure
+        from duplex.observability.logs import configure
 
         configure(spec.log_level, spec.log_format)
     try:

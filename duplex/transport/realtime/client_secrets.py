@@ -10,8 +10,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from duplex.access.auth import Gate
 from duplex.access.errors import error_response
-from duplex.auth import Gate
 from duplex.store import StoreUnavailable
 from duplex.transport.realtime.session_config import SessionSettings, ga_session, updated_ga
 

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from duplex.access.limits import Quota
 from duplex.engine.client import EngineClient
 from duplex.engine.scheduler import ResponseTimings
-from duplex.limits import Quota
-from duplex.logs import bind_session
 from duplex.media.image import decode_image
-from duplex.metrics import Metrics
+from duplex.observability.logs import bind_session
+from duplex.observability.metrics import Metrics
 from duplex.store import ResumeError, SessionRegistry
 from duplex.store.keeper import SessionKeeper
 from duplex.transcription.service import (

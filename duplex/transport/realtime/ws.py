@@ -8,10 +8,10 @@ import json
 
 from starlette.websockets import WebSocket
 
+from duplex.access.auth import choose_subprotocol
 from duplex.access.errors import error_object
-from duplex.auth import choose_subprotocol
 from duplex.engine import AdmissionRefused
-from duplex.metrics import Metrics
+from duplex.observability.metrics import Metrics
 from duplex.store import SessionRegistry
 from duplex.transport.loop import PEER_GONE, close_quietly, serve_websocket
 from duplex.transport.realtime.protocol import Limits

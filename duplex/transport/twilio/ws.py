@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket
 
 from duplex.engine import AdmissionRefused, Engine
 from duplex.engine.vad import VadService
-from duplex.metrics import Metrics
+from duplex.observability.metrics import Metrics
 from duplex.transport.loop import SessionLoop, close_quietly, serve_websocket
 from duplex.transport.twilio.protocol import (
     RATE,

@@ -20,8 +20,8 @@ from urllib.parse import parse_qsl
 from starlette.requests import HTTPConnection
 
 from duplex.access.errors import error_response
+from duplex.access.limits import Admission
 from duplex.config import AuthSettings, TelephonySettings
-from duplex.limits import Admission
 from duplex.store import SessionRegistry, StoreUnavailable, hash_secret
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
