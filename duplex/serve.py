@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from duplex import logs
+from duplex.observability import logs
 from duplex.config import Settings
 from duplex.server import create_app
 from duplex.transport.hub import SessionHub

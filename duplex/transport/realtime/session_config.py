@@ -42,7 +42,8 @@ class SessionSettings:
     speed: float = 1.0
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
-    temperature: float = 0.8
+    temperature: float | None = None
+    """None: the model's own sampling (the tiny checkpoints': greedy); 0 is greedy."""
     max_output_tokens: int | str = "inf"
     truncation: str | dict[str, Any] = "auto"
     duplex_events: bool = False
@@ -255,7 +256,7 @@ class ResponseSettings:
     instructions: str
     tools: tuple[dict[str, Any], ...]
     tool_choice: str | dict[str, Any]
-    temperature: float
+    temperature: float | None
     max_output_tokens: int | str
     conversation: str = "auto"
     """"none": an out-of-band reply whose output does not join the conversation."""

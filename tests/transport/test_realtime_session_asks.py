@@ -1,0 +1,156 @@
+"""What a session asks reaches the model, through the official openai SDK against `duplex serve`:
+a tool round trip with the echo oracle, instructions and greedy sampling with tiny-omni, a
+text-only reply that runs no Talker, voices, and errors after which the session goes on."""
+
+import asyncio
+import json
+import re
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+pytestmark = pytest.mark.slow
+
+
+def client_for(server) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
+                       websocket_base_url=server.url.replace("http", "ws") + "/v1")
+
+
+async def until(conn, stop_type, timeout=30.0):
+    events = []
+
+    async def run():
+        async for event in conn:
+            events.append(event)
+            if event.type == stop_type:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return events
+
+
+async def configure(conn, **session):
+    assert (await conn.recv()).type == "session.created"
+    await conn.session.update(session={"type": "realtime",
+                                       "audio": {"input": {"turn_detection": None}}, **session})
+    updated = await until(conn, "session.updated")
+    return updated[-1]
+
+
+async def say(conn, text: str, **response):
+    await conn.conversation.item.create(item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await conn.response.create(**({"response": response} if response else {}))
+    return await until(conn, "response.done")
+
+
+def stage_calls(server) -> dict[str, float]:
+    """Batched calls per stage so far, as /metrics reports them."""
+    text = httpx.get(f"{server.url}/metrics").text
+    found = re.findall(r'duplex_stage_compute_seconds_count\{stage="(\w+)"\} (\S+)', text)
+    return {stage: float(n) for stage, n in found}
+
+
+async def settled_calls(server) -> dict[str, float]:
+    """Stage calls once the engine has reported all it did (two reads agree)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    before = stage_calls(server)
+    while True:
+        await asyncio.sleep(0.5)
+        now = stage_calls(server)
+        if now == before:
+            return now
+        assert asyncio.get_running_loop().time() < deadline, "stage counts never settled"
+        before = now
+
+
+async def test_a_tool_round_trip_with_the_echo_oracle(server_process):
+    server = server_process("--model", "echo")
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city.",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    async with client_for(server).realtime.connect(model="echo") as conn:
+        updated = await configure(conn, tools=tools, tool_choice="auto")
+        assert [t.name for t in updated.session.tools] == ["get_weather"]
+        # The echo model says what it was told: here, a call of the tool.
+        events = await say(conn, 'Checking. <tool_call>{"name": "get_weather", '
+                                 '"arguments": {"city": "Paris"}}</tool_call>')
+        types = [e.type for e in events]
+        assert "error" not in types
+        done = events[-1].response
+        call = next(i for i in done.output if i.type == "function_call")
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+        spoken = "".join(e.delta for e in events
+                         if e.type == "response.output_audio_transcript.delta")
+        assert "tool_call" not in spoken and spoken.strip() == "Checking."
+        assert types.index("response.function_call_arguments.done") < types.index("response.done")
+        # The client runs the tool and answers; the model speaks the answer.
+        await conn.conversation.item.create(item={
+            "type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."})
+        await conn.response.create()
+        events = await until(conn, "response.done")
+        assert "error" not in [e.type for e in events]
+        transcript = "".join(e.delta for e in events
+                             if e.type == "response.output_audio_transcript.delta")
+        assert transcript == "Sunny, 21 C."
+        assert any(e.type == "response.output_audio.delta" for e in events)
+
+
+async def test_greedy_replies_follow_the_instructions(server_process, tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
+
+    async def reply(instructions: str) -> str:
+        async with client_for(server).realtime.connect(model="tiny") as conn:
+            await configure(conn, instructions=instructions, output_modalities=["text"],
+                            temperature=0)
+            events = await say(conn, "hello, who are you?")
+            assert events[-1].response.status == "completed"
+            return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+    # Greedy: the same context gives the same reply, whatever the session.
+    first, again = await reply("You are a pirate."), await reply("You are a pirate.")
+    other = await reply("You are a lawyer who answers in French.")
+    assert first == again and first
+    assert other != first
+
+
+async def test_a_text_only_reply_has_no_audio_and_runs_no_talker(server_process, tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
+    async with client_for(server).realtime.connect(model="tiny") as conn:
+        await configure(conn)
+        await say(conn, "warm up")  # one spoken reply first: every stage has run
+        before = await settled_calls(server)
+        assert before["talker"] > 0 and before["codec"] > 0
+        events = await say(conn, "now in text", output_modalities=["text"], max_output_tokens=5)
+        assert not [e for e in events if "audio" in e.type]
+        assert any(e.type == "response.output_text.done" for e in events)
+        done = events[-1].response
+        assert done.output[0].content[0].type == "output_text"
+        after = await settled_calls(server)
+    assert after["thinker"] > before["thinker"]
+    assert (after["talker"], after["codec"]) == (before["talker"], before["codec"])
+
+
+async def test_voices_are_checked_and_errors_leave_the_session_going(server_process,
+                                                                   tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
+    async with client_for(server).realtime.connect(model="tiny") as conn:
+        updated = await configure(conn, audio={"input": {"turn_detection": None},
+                                               "output": {"voice": "chelsie"}})
+        assert updated.session.audio.output.voice == "chelsie"
+        await conn.session.update(session={"type": "realtime",
+                                           "audio": {"output": {"voice": "nobody"}}})
+        [error] = await until(conn, "error")
+        assert (error.error.code, error.error.param) == ("invalid_value",
+                                                         "session.audio.output.voice")
+        assert "aiden, chelsie, ethan" in error.error.message
+        events = await say(conn, "speak")
+        assert any(e.type == "response.output_audio.delta" for e in events)
+        await conn.session.update(session={"type": "realtime",
+                                           "audio": {"output": {"voice": "aiden"}}})
+        [error] = await until(conn, "error")
+        assert error.error.code == "cannot_update_voice"
+        events = await say(conn, "still here", output_modalities=["text"], max_output_tokens=3)
+        assert events[-1].response.status == "incomplete"
+        assert events[-1].response.status_details.reason == "max_output_tokens"
