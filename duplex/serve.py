@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from duplex.observability import logs
 from duplex.config import Settings
+from duplex.observability import logs
 from duplex.server import create_app
 from duplex.transport.hub import SessionHub
 

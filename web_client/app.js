@@ -72,13 +72,10 @@ async function connect() {
     }
   };
   channel = pc.createDataChannel("oai-events");
-  channel.onmessage = (e) => onEvent(JSON.parse(e.data));
-  // Per-stage timings come as duplex's own event, which is off unless a client asks for it.
-  channel.onopen = () => channel.send(JSON.stringify(
-    { type: "session.update", session: { type: "realtime", duplex_events: true } }));
-  try {
+  channel.onmessage = (e) => onEvent(JSON.parse(e.data));  try {
     await pc.setLocalDescription(await pc.createOffer());
-    const resp = await fetch("/v1/realtime/calls", {
+    // Per-stage timings come as duplex's own event, off unless a client asks for it.
+    const resp = await fetch("/v1/realtime/calls?duplex_events=1", {
       method: "POST", body: pc.localDescription.sdp, headers: { "Content-Type": "application/sdp" },
     });
     if (!resp.ok) {

@@ -202,7 +202,7 @@ _MESSAGES: dict[type, Callable[[SessionLoop, Any], list]] = {
     PeerText: lambda loop, m: loop.protocol.receive_text(m.text),
     PeerBytes: lambda loop, m: loop.protocol.receive_bytes(m.data),
     SpeechProbs: lambda loop, m: loop.protocol.on_vad(m.probs),
-    EngineOutput: SessionLoop._engine_output,
+    EngineOutput: lambda loop, m: loop._engine_output(m),
     Tick: lambda loop, m: [],
 }
 """Messages every session takes; a transport's own (media, resume) extend it (`messages`)."""

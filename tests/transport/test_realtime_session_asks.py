@@ -154,3 +154,28 @@ async def test_voices_are_checked_and_errors_leave_the_session_going(server_proc
         events = await say(conn, "still here", output_modalities=["text"], max_output_tokens=3)
         assert events[-1].response.status == "incomplete"
         assert events[-1].response.status_details.reason == "max_output_tokens"
+
+
+async def test_per_stage_timings_come_only_to_clients_that_ask(server_process):
+    import base64
+
+    import websockets
+
+    server = server_process("--model", "echo")
+    base = server.url.replace("http", "ws") + "/v1/realtime"
+    audio = base64.b64encode(bytes(2 * 24000 // 2)).decode()
+
+    async def event_types(url: str) -> list[str]:
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            seen = []
+            while not seen or seen[-1] != "response.done":
+                seen.append(json.loads(await asyncio.wait_for(ws.recv(), 20))["type"])
+            return seen
+
+    assert "duplex.response.timings" not in await event_types(base)
+    assert "duplex.response.timings" in await event_types(base + "?duplex_events=1")

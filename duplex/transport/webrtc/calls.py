@@ -124,7 +124,8 @@ class CallRegistry:
                               headers={"Retry-After": "1"})
             quota = self.admission.quota(key_id)
         try:
-            response = await self._create(sdp, session_config, quota, key_id)
+            duplex_events = request.query_params.get("duplex_events", "").lower() in ("1", "true")
+            response = await self._create(sdp, session_config, quota, key_id, duplex_events)
         except BaseException:
             self._leave(key_id)
             raise
@@ -160,7 +161,8 @@ class CallRegistry:
         if self.admission is not None:
             self.admission.leave(key_id)
 
-    async def _create(self, sdp: str, session_config, quota, key_id: str) -> Response:
+    async def _create(self, sdp: str, session_config, quota, key_id: str,
+                      duplex_events: bool) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
         pc = RTCPeerConnection(self._configuration())
         track = ReplyTrack()
@@ -172,7 +174,7 @@ class CallRegistry:
         session = RealtimeSession(
             self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
             media=track, video_interval_samples=int(RATE / self.settings.video_fps), quota=quota,
-            transcriber=self.transcriber_getter(),
+            transcriber=self.transcriber_getter(), duplex_events=duplex_events,
         )
         call = Call(call_id, pc, session, track)
         holder["call"] = call
