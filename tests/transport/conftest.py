@@ -40,18 +40,22 @@ async def holdings(server) -> dict[str, int]:
 
 
 def tracebacks(server) -> list[str]:
-    return [line for line in server.lines if any(mark in line for mark in TRACEBACK_MARKS)]
+    """Each traceback in the server's log, with the lines around it."""
+    lines = list(server.lines)
+    return ["".join(lines[max(0, i - 2):i + 30]) for i, line in enumerate(lines)
+            if any(mark in line for mark in TRACEBACK_MARKS)]
 
 
-async def wait_released(server, udp_sockets: int = 0, timeout_s: float = 20.0) -> None:
+async def wait_released(server, udp_baseline: int = 0, timeout_s: float = 20.0) -> None:
     """Wait until the server holds nothing for any session (no hub entry, no engine bytes, no
-    more UDP sockets than `udp_sockets`), and check that no traceback reached its log."""
-    want = {"active_sessions": 0, "bytes_held": 0, "udp_sockets": udp_sockets}
+    more UDP sockets than `udp_baseline`), and check that no traceback reached its log."""
+    want = {"active_sessions": 0, "bytes_held": 0, "udp_sockets": udp_baseline}
     deadline = time.monotonic() + timeout_s
     while (held := await holdings(server)) != want:
         assert time.monotonic() < deadline, f"still held after {timeout_s} s: {held}"
         await asyncio.sleep(0.1)
-    assert not tracebacks(server), server.output()[-6000:]
+    found = tracebacks(server)
+    assert not found, f"{len(found)} tracebacks in the server's log; the first:\n{found[0]}"
 
 
 @pytest.fixture(name="wait_released")

@@ -346,6 +346,26 @@ async def webrtc_call(server, leave, wait_released, udp: int, reply: bool) -> No
         await caller.pc.close()
 
 
+async def hung_up_while_connecting(server, wait_released, udp: int) -> None:
+    """Hang up while the server's ICE still checks the caller's candidates (the caller never
+    takes the answer, so none answers them). Without BUNDLE each section has a transport of its
+    own: aiortc's connect, woken when the first closes, may find the next closed too."""
+    caller = Caller()
+    try:
+        await caller.pc.setLocalDescription(await caller.pc.createOffer())
+        sdp = "".join(line for line in caller.pc.localDescription.sdp.splitlines(keepends=True)
+                      if not line.startswith("a=group:BUNDLE"))
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"{server.url}/v1/realtime/calls", content=sdp,
+                                       headers={"Content-Type": "application/sdp"})
+            assert answer.status_code == 201, answer.text
+            hung = await client.post(f"{server.url}{answer.headers['location']}/hangup")
+            assert hung.status_code == 200
+        await wait_released(server, udp)
+    finally:
+        await caller.pc.close()
+
+
 async def never_connects(server, wait_released, udp: int) -> None:
     """An offer without candidates from a peer that never takes the answer: the server's ICE
     waits for checks from it (as from a browser that posts its offer before gathering), and
@@ -373,4 +393,5 @@ async def test_webrtc_calls_are_released_however_they_end(
         await webrtc_call(server, leave, wait_released, udp, reply=False)
         # Again while a reply plays: the echo of a second of speech.
         await webrtc_call(server, leave, wait_released, udp, reply=True)
+    await hung_up_while_connecting(server, wait_released, udp)
     await never_connects(server, wait_released, udp)

@@ -13,6 +13,7 @@ import logging
 import secrets
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidStateError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -47,8 +48,22 @@ async def _text(part: str | UploadFile) -> str:
     return part if isinstance(part, str) else (await part.read()).decode("utf-8", "replace")
 
 
+class PeerConnection(RTCPeerConnection):
+    """aiortc connects in a task of its own, started by each description. When close() stops the
+    transports under it, it fails on the next one it starts (InvalidStateError, aiortc#429),
+    and asyncio logs that error, which nobody retrieves, with its stack. Here a connect that
+    lost its connection that way just ends."""
+
+    async def _RTCPeerConnection__connect(self) -> None:  # aiortc's private __connect
+        try:
+            await super()._RTCPeerConnection__connect()
+        except InvalidStateError:
+            if self.signalingState != "closed":
+                raise
+
+
 class Call:
-    def __init__(self, call_id: str, pc: RTCPeerConnection, session: RealtimeSession,
+    def __init__(self, call_id: str, pc: PeerConnection, session: RealtimeSession,
                  track: ReplyTrack) -> None:
         self.id = call_id
         self.pc = pc
@@ -164,7 +179,7 @@ class CallRegistry:
     async def _create(self, sdp: str, session_config, quota, key_id: str,
                       duplex_events: bool) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
-        pc = RTCPeerConnection(self._configuration())
+        pc = PeerConnection(self._configuration())
         track = ReplyTrack()
         holder: dict[str, Call] = {}
 
