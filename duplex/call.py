@@ -15,8 +15,9 @@ import numpy as np
 import websockets
 
 from duplex.media import float_to_pcm16
+from duplex.media.rates import REALTIME_RATE
 
-RATE = 24000
+RATE = REALTIME_RATE
 FRAME = RATE // 50
 
 

@@ -24,10 +24,11 @@ from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
 from duplex.engine.vad import VadService
 from duplex.media import float_to_pcm16
+from duplex.media.rates import REALTIME_RATE
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.session import RealtimeSession
 
-RATE = 24000
+RATE = REALTIME_RATE
 FRAME = RATE // 50
 
 

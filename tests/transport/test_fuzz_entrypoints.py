@@ -26,6 +26,7 @@ import pytest
 import websockets
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from duplex.access.errors import error_type
 from duplex.transport.webrtc.calls import CONNECT_TIMEOUT_S
 from duplex.transport.webrtc.ice import offer_host_addresses
 
@@ -413,7 +414,8 @@ def is_error_body(response: httpx.Response) -> bool:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError):
         return False
-    return (error.get("type") == "invalid_request_error" and isinstance(error.get("code"), str)
+    return (error.get("type") == error_type(response.status_code)
+            and isinstance(error.get("code"), str)
             and isinstance(error.get("message"), str) and "param" in error)
 
 

@@ -19,8 +19,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from duplex.access.errors import error_response
 from duplex.engine import AdmissionRefused
-from duplex.transport.realtime.protocol import RATE
+from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime.session import RealtimeSession
 from duplex.transport.webrtc.ice import offer_host_addresses
 from duplex.transport.webrtc.media import ReplyTrack, read_audio, read_video
@@ -32,16 +33,6 @@ CONNECT_TIMEOUT_S = 15.0
 """A call whose peer has not connected by then is torn down. ICE alone may never give up: with
 no candidates in the offer (a browser that posts it before gathering) it waits for the peer's
 checks, which never come from a peer that has gone."""
-
-
-def _error(status: int, code: str, message: str, param: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"type": "invalid_request_error", "code": code, "message": message,
-                   "param": param}},
-        status_code=status,
-        headers=headers,
-    )
 
 
 async def _text(part: str | UploadFile) -> str:
@@ -116,17 +107,17 @@ class CallRegistry:
             elif content_type == "multipart/form-data":
                 offer = await self._read_form(request)
             else:
-                return _error(415, "unsupported_media_type",
+                return error_response(415, "unsupported_media_type",
                               "Send the SDP offer as application/sdp, or multipart/form-data with "
                               "parts 'sdp' and 'session'.")
         except ClientDisconnect:
             # Nobody is left to read an answer; this one only ends the request.
-            return _error(400, "client_disconnected", "The request body was cut off.")
+            return error_response(400, "client_disconnected", "The request body was cut off.")
         if isinstance(offer, Response):
             return offer
         sdp, session_config = offer
         if problem := offer_problem(sdp):
-            return _error(400, "invalid_offer", f"The SDP offer was refused: {problem}.", "sdp")
+            return error_response(400, "invalid_offer", f"The SDP offer was refused: {problem}.", "sdp")
 
         principal = request.scope.get("state", {}).get("principal")
         key_id = principal.key_id if principal is not None else "anonymous"
@@ -134,7 +125,7 @@ class CallRegistry:
         if self.admission is not None:
             limit = self.admission.enter(key_id)
             if limit is not None:
-                return _error(429, "rate_limit_exceeded",
+                return error_response(429, "rate_limit_exceeded",
                               f"Too many concurrent sessions (limit {limit}).",
                               headers={"Retry-After": "1"})
             quota = self.admission.quota(key_id)
@@ -155,20 +146,20 @@ class CallRegistry:
             async with request.form() as form:
                 sdp_part, session_part = form.get("sdp"), form.get("session")
                 if sdp_part is None:
-                    return _error(400, "missing_required_parameter",
+                    return error_response(400, "missing_required_parameter",
                                   "Missing the multipart part 'sdp'.", "sdp")
                 sdp = await _text(sdp_part)
                 raw = await _text(session_part) if session_part is not None else None
         except HTTPException as exc:  # Starlette's answer to a body that is not multipart
-            return _error(400, "invalid_multipart", f"The multipart body is malformed: {exc.detail}")
+            return error_response(400, "invalid_multipart", f"The multipart body is malformed: {exc.detail}")
         if raw is None:
             return sdp, None
         try:
             session_config = json.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
-            return _error(400, "invalid_json", "The 'session' part is not valid JSON.", "session")
+            return error_response(400, "invalid_json", "The 'session' part is not valid JSON.", "session")
         if not isinstance(session_config, dict):
-            return _error(400, "invalid_value", "The 'session' part must be a JSON object.",
+            return error_response(400, "invalid_value", "The 'session' part must be a JSON object.",
                           "session")
         return sdp, session_config
 
@@ -197,7 +188,7 @@ class CallRegistry:
             session.open()
         except AdmissionRefused as exc:
             await pc.close()
-            return _error(429, "server_full", str(exc), headers={"Retry-After": "5"})
+            return error_response(429, "server_full", str(exc), headers={"Retry-After": "5"})
         track.on_played = session.protocol.on_playback
 
         @pc.on("datachannel")
@@ -237,7 +228,7 @@ class CallRegistry:
         except Exception as exc:  # aiortc raises ValueError and others for offers it cannot take
             self.engine_getter().close(session.session_id)
             await self._tear_down(call)
-            return _error(400, "invalid_offer", f"The SDP offer was refused: {exc}", "sdp")
+            return error_response(400, "invalid_offer", f"The SDP offer was refused: {exc}", "sdp")
 
         self.calls[call_id] = call
         self.hub.add(session.session_id, session.shutdown)
@@ -282,6 +273,6 @@ class CallRegistry:
     async def hangup(self, request: Request) -> Response:
         call = self.calls.get(request.path_params["call_id"])
         if call is None:
-            return _error(404, "call_not_found", "No such call.")
+            return error_response(404, "call_not_found", "No such call.")
         call.session.carrier_gone()
         return JSONResponse({})

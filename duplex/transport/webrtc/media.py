@@ -14,9 +14,10 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from duplex.media import Resampler
+from duplex.media.rates import REALTIME_RATE
 
 log = logging.getLogger("duplex.webrtc")
-RATE = 24000
+RATE = REALTIME_RATE
 TRACK_RATE = 48000
 FRAME_S = 0.02
 FRAME_24K = int(RATE * FRAME_S)
