@@ -79,8 +79,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         raise ConfigError("invalid_value", message, param) from None
 
 
-def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, Any]:
-    """The fields both spellings name alike."""
+def _prompt(cfg: schema.SessionConfig | schema.BetaSessionConfig
+            | schema.ResponseParams | schema.BetaResponseParams) -> dict[str, Any]:
+    """Instructions, tools and tool choice: named alike in sessions and responses."""
     changes: dict[str, Any] = {}
     if cfg.instructions is not None:
         changes["instructions"] = cfg.instructions
@@ -89,6 +90,12 @@ def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, A
     if cfg.tool_choice is not None:
         choice = cfg.tool_choice
         changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+    return changes
+
+
+def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, Any]:
+    """The fields both spellings name alike."""
+    changes = _prompt(cfg)
     if cfg.temperature is not None:
         changes["temperature"] = cfg.temperature
     if cfg.truncation is not None:
@@ -288,14 +295,7 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
         return base
     model = schema.BetaResponseParams if beta else schema.ResponseParams
     p = _validate(model, params, "response.")
-    changes: dict[str, Any] = {}
-    if p.instructions is not None:
-        changes["instructions"] = p.instructions
-    if p.tools is not None:
-        changes["tools"] = tuple(t.model_dump(exclude_none=True) for t in p.tools)
-    if p.tool_choice is not None:
-        choice = p.tool_choice
-        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+    changes = _prompt(p)
     if p.conversation is not None:
         changes["conversation"] = p.conversation
     if p.metadata is not None:
