@@ -21,6 +21,14 @@ class _Server(uvicorn.Server):
         self.hub = hub
         self.timeout_s = timeout_s
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        # With port 0 the system picks the port: say which, so whoever started us can connect.
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                logging.getLogger("duplex.server").info("listening on http://%s:%d", host, port)
+
     async def shutdown(self, sockets=None) -> None:
         # Sessions close themselves first (1001, their own reason); uvicorn would otherwise
         # cut every WebSocket with 1012 before the app hears of the shutdown.

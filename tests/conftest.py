@@ -1,3 +1,4 @@
+import re
 import socket
 import subprocess
 import sys
@@ -7,19 +8,25 @@ import time
 import httpx
 import pytest
 
+LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
 
 def free_port() -> int:
+    """For servers that cannot bind port 0 and say which they got (redis-server: port 0 turns
+    its TCP listener off)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 class ServerProcess:
+    """`duplex serve` on a port the system picks (port 0); `url` once it says which."""
+
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port: int | None = None
+        self.url = ""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "duplex.cli", "serve", "--port", str(self.port), *args],
+            [sys.executable, "-m", "duplex.cli", "serve", "--port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -44,6 +51,13 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 self._reader.join(timeout=5)
                 raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
+            if self.port is None:
+                found = LISTENING.search(self.output())
+                if found is None:
+                    time.sleep(0.1)
+                    continue
+                self.port = int(found.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return
