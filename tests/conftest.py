@@ -3,10 +3,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
+
+from tests.waiting import until
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
@@ -46,24 +47,22 @@ class ServerProcess:
         return "".join(self.lines)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._reader.join(timeout=5)
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
-            if self.port is None:
-                found = LISTENING.search(self.output())
-                if found is None:
-                    time.sleep(0.1)
-                    continue
-                self.port = int(found.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise TimeoutError("server did not become ready")
+        until(self._ready, "the server answers /healthz", timeout_s)
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=5)
+            raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
+        if self.port is None:
+            found = LISTENING.search(self.output())
+            if found is None:
+                return False
+            self.port = int(found.group(1))
+            self.url = f"http://127.0.0.1:{self.port}"
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -111,16 +110,15 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError("redis-server did not start")
+        until(self._pong, "redis-server answers PING")
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from duplex.bench.synth import babble
+from tests.waiting import eventually
 
 RATE = 24000
 CHUNK_MS = 40
@@ -60,14 +61,16 @@ async def wait_until(condition: Callable[[], bool], timeout: float, what: str,
                      wire: Wire | None = None) -> None:
     """Poll `condition` until it holds; AssertionError naming `what` (and any server errors
     seen so far) once `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        seen = f"\nserver events so far: {wire.summary()}" if wire is not None else ""
-        if wire is not None and (why := wire.client_gone()):
-            raise AssertionError(f"gave up waiting for {what}: {why}{seen}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{seen}")
-        await asyncio.sleep(0.02)
+    def done_or_gone() -> bool:
+        return condition() or (wire is not None and bool(wire.client_gone()))
+
+    await eventually(done_or_gone, None, timeout)
+    if condition():
+        return
+    seen = f"\nserver events so far: {wire.summary()}" if wire is not None else ""
+    if wire is not None and (why := wire.client_gone()):
+        raise AssertionError(f"gave up waiting for {what}: {why}{seen}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{seen}")
 
 
 class Wire:
@@ -131,14 +134,13 @@ async def active_sessions(server) -> int:
 
 async def sessions_drained(server, timeout: float = 2.0) -> str | None:
     """None once /healthz reports no active session; else what it still reports."""
-    deadline = time.monotonic() + timeout
-    while True:
-        count = await active_sessions(server)
-        if count == 0:
-            return None
-        if time.monotonic() > deadline:
-            return f"/healthz still reports active_sessions={count} {timeout:.0f}s after the client closed"
-        await asyncio.sleep(0.05)
+    async def drained() -> bool:
+        return await active_sessions(server) == 0
+
+    if await eventually(drained, None, timeout):
+        return None
+    count = await active_sessions(server)
+    return f"/healthz still reports active_sessions={count} {timeout:.0f}s after the client closed"
 
 
 async def voice_turns(c, problems: list[str]) -> None:

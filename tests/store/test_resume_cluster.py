@@ -13,6 +13,8 @@ import pytest
 import redis
 import websockets
 
+from tests.waiting import eventually
+
 RATE = 24000
 FRAME_BYTES = 1920 * 2
 pytestmark = pytest.mark.slow
@@ -81,14 +83,6 @@ async def resume(server, session):
 
 def registry_entry(redis_url, session_id):
     return redis.Redis.from_url(redis_url, decode_responses=True).hgetall(f"duplex:s:{session_id}")
-
-
-async def eventually(holds, what: str, timeout_s: float = 10.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (value := holds()):
-        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.05)
-    return value
 
 
 async def heard_words_saved(redis_url, session_id, n):

@@ -17,6 +17,7 @@ from duplex.store import (
     hash_secret,
 )
 from duplex.store.redis_store import RedisStore
+from tests.waiting import eventually
 
 
 class FakeClock:
@@ -44,10 +45,7 @@ async def after(store, seconds: float, holds) -> None:
     a fake clock jumps at once; Redis's own expiry is waited for."""
     if isinstance(store.clock, FakeClock):
         store.clock.now += seconds
-    deadline = time.monotonic() + seconds + 5
-    while not await holds():
-        assert time.monotonic() < deadline, f"still not so {seconds + 5:g} s later"
-        await asyncio.sleep(0.02)
+    await eventually(holds, f"so, {seconds + 5:g} s later", seconds + 5)
 
 
 def record(epoch=1, owner="a", deadline_in=30.0, conversation=None, now=None):

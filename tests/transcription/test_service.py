@@ -2,7 +2,6 @@
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from duplex.transcription import (
     TranscriptionResult,
     TranscriptionService,
 )
+from tests.waiting import eventually, until
 
 
 class Counting(Recognizer):
@@ -186,12 +186,15 @@ def test_stop_answers_waiting_requests_and_refuses_new_ones():
     stopper = threading.Thread(target=service.stop)
     stopper.start()
     probes = 0
-    while True:  # until a request is refused at once, stop() has closed the door
+
+    def refused_at_once() -> bool:
+        """Once a request is refused before submit returns, stop() has closed the door."""
+        nonlocal probes
         service.submit(model, pcm(3), results.callback(f"probe{probes}"))
         probes += 1
-        if f"probe{probes - 1}" in results.by_key:
-            break
-        time.sleep(0.01)
+        return f"probe{probes - 1}" in results.by_key
+
+    until(refused_at_once, "stop() refuses new requests")
     model.release.set()
     stopper.join(10)
     got = results.wait(2 + probes)
@@ -208,14 +211,14 @@ async def test_the_event_loop_runs_on_while_the_worker_recognises(service):
         nonlocal ticks
         while True:
             ticks += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
 
     tick_task = asyncio.create_task(ticker())
     pending = asyncio.create_task(service.transcribe(model, pcm(7)))
     await asyncio.to_thread(model.entered.wait, 10)
     before = ticks
-    await asyncio.sleep(0.1)
-    assert ticks > before  # the loop was not blocked by the held recognition
+    # The loop is not blocked by the held recognition: it keeps ticking.
+    assert await eventually(lambda: ticks > before + 10, "the event loop ticks on")
     model.release.set()
     result = await asyncio.wait_for(pending, 10)
     tick_task.cancel()

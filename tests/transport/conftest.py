@@ -1,13 +1,13 @@
 """What a server holds for its sessions, read from outside: for tests that end sessions in
 every way a connection can end and then check that nothing was kept."""
 
-import asyncio
 import os
 import re
-import time
 
 import httpx
 import pytest
+
+from tests.waiting import eventually
 
 # What a traceback leaves in the server's log, whoever printed it: uvicorn, asyncio or logging.
 TRACEBACK_MARKS = ("Traceback", "Exception in ASGI application", "exception was never retrieved")
@@ -50,10 +50,11 @@ async def wait_released(server, udp_baseline: int = 0, timeout_s: float = 20.0) 
     """Wait until the server holds nothing for any session (no hub entry, no engine bytes, no
     more UDP sockets than `udp_baseline`), and check that no traceback reached its log."""
     want = {"active_sessions": 0, "bytes_held": 0, "udp_sockets": udp_baseline}
-    deadline = time.monotonic() + timeout_s
-    while (held := await holdings(server)) != want:
-        assert time.monotonic() < deadline, f"still held after {timeout_s} s: {held}"
-        await asyncio.sleep(0.1)
+    async def released() -> bool:
+        return await holdings(server) == want
+
+    if not await eventually(released, None, timeout_s):
+        raise AssertionError(f"still held after {timeout_s} s: {await holdings(server)}")
     found = tracebacks(server)
     assert not found, f"{len(found)} tracebacks in the server's log; the first:\n{found[0]}"
 

@@ -27,6 +27,7 @@ from duplex.bench.synth import babble
 from duplex.media import ulaw_encode
 from duplex.transport.webrtc.calls import CONNECT_TIMEOUT_S
 from duplex.transport.webrtc.ice import offer_host_addresses
+from tests.waiting import eventually
 
 RATE = 24000
 SPEECH = (np.clip(babble(RATE, rate=RATE, seed=5), -1, 1) * 32767).astype("<i2")
@@ -61,10 +62,10 @@ async def closed_by_server(ws) -> int:
 
 async def until_held(server, holdings) -> None:
     """Wait until the engine holds bytes for a session, so that a release can be seen."""
-    deadline = time.monotonic() + 10
-    while not (await holdings(server))["bytes_held"]:
-        assert time.monotonic() < deadline, "the engine never held the session's audio"
-        await asyncio.sleep(0.05)
+    async def held() -> int:
+        return (await holdings(server))["bytes_held"]
+
+    await eventually(held, "the engine holds the session's audio")
 
 
 # -- Realtime WebSocket ---------------------------------------------------------------------
@@ -312,10 +313,8 @@ class Caller:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
 
     async def until(self, type_: str, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while type_ not in [e["type"] for e in self.events]:
-            assert time.monotonic() < deadline, f"no {type_} in {[e['type'] for e in self.events]}"
-            await asyncio.sleep(0.02)
+        await eventually(lambda: type_ in [e["type"] for e in self.events],
+                         f"{type_} among the call's events", timeout_s)
 
 
 async def hang_up(server, caller: Caller) -> None:

@@ -1,9 +1,7 @@
 """Resume in the pure protocol core, and through the openai SDK on the in-memory registry."""
 
-import asyncio
 import base64
 import json
-import time
 
 import httpx
 import numpy as np
@@ -12,6 +10,7 @@ from openai import AsyncOpenAI
 
 from duplex.transport.effects import CloseConnection, Send
 from duplex.transport.realtime.protocol import RealtimeProtocol, ResumeSession
+from tests.waiting import eventually
 
 RATE = 24000
 
@@ -109,10 +108,8 @@ async def test_sdk_client_resumes_on_the_same_node(server_process):
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
         added = await conn.recv()
     # The registry keeps what the session held when its connection ended.
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{server.url}/healthz").json()["active_sessions"]:
-        assert time.monotonic() < deadline, "the first connection's session never ended"
-        await asyncio.sleep(0.05)
+    await eventually(lambda: httpx.get(f"{server.url}/healthz").json()["active_sessions"] == 0,
+                     "the first connection's session ends")
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.send({"type": "session.resume", "session_id": session_id,
