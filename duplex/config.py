@@ -6,11 +6,13 @@ Environment variables spell a nested key with a double underscore: DUPLEX_SERVER
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -97,7 +99,8 @@ class AuthSettings(_Section):
 
 
 class LimitsSettings(_Section):
-    """Counted per node; 0 means no limit."""
+    """0 means no limit. Concurrent sessions count across every node sharing a Redis store,
+    on this node alone with the memory store."""
 
     sessions: int = Field(0, ge=0)
     sessions_per_key: int = Field(0, ge=0)
@@ -106,6 +109,9 @@ class LimitsSettings(_Section):
     messages_per_s_per_key: float = Field(0.0, ge=0)
     message_burst: int = Field(50, ge=1)
     max_session_s: float = Field(0.0, ge=0)
+    lease_s: float = Field(10.0, gt=0)
+    """With a Redis store: each node renews its sessions' places in the count every
+    store.heartbeat_s; a dead node's sessions stop counting this long after its last renewal."""
 
 
 class StoreSettings(_Section):
@@ -148,9 +154,23 @@ class Settings(_Section):
     limits: LimitsSettings = LimitsSettings()
     transcription: TranscriptionSettings = TranscriptionSettings()
 
+    @model_validator(mode="after")
+    def _lease_outlives_renewal(self) -> Settings:
+        lease, store = self.limits.lease_s, self.store
+        if store.backend == "redis" and not store.heartbeat_s < lease <= store.retention_s:
+            raise ValueError(
+                f"limits.lease_s ({lease:g}) must be longer than store.heartbeat_s "
+                f"({store.heartbeat_s:g}), which renews it, and at most store.retention_s "
+                f"({store.retention_s:g})")
+        return self
+
 
 class ConfigError(Exception):
     """A bad setting; the message names the key and where it came from."""
+
+
+SECRETS = frozenset({("auth", "api_keys"), ("telephony", "auth_token"), ("store", "redis_url")})
+"""Settings never echoed in errors, and the only ones a `DUPLEX_..._FILE` variable may supply."""
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,36 +183,123 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _validate(data: dict[str, Any], source: str) -> Settings:
+def _describe(err: Any, names: Mapping[tuple[str, ...], str]) -> str:
+    loc = tuple(str(part) for part in err["loc"])
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        problem = f"unknown key '{key}'"
+    else:
+        problem = f"'{key}': {err['msg']}"
+        value = err.get("input")
+        # A section-wide check sees the whole section, secrets included: show leaf values only.
+        if not isinstance(value, (dict, list)) and loc[:2] not in SECRETS:
+            problem += f" (got {value!r})"
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in names:
+            return f"{names[loc[:n]]}: {problem}"
+    # A check of a whole section: name every variable that set something in it.
+    within = [var for path, var in names.items() if path[:len(loc)] == loc]
+    return f"{', '.join(within)}: {problem}" if within else problem
+
+
+def _validate(data: dict[str, Any], source: str,
+              names: Mapping[tuple[str, ...], str] | None = None) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(part) for part in err["loc"])
-            if err["type"] == "extra_forbidden":
-                problems.append(f"unknown key '{key}'")
-            else:
-                problems.append(f"'{key}': {err['msg']} (got {err.get('input')!r})")
+        problems = [_describe(err, names or {}) for err in exc.errors()]
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
 
 
 # Conveniences that deployments expect by these names.
 ENV_ALIASES = {"DUPLEX_REDIS_URL": "DUPLEX_STORE__REDIS_URL"}
+FILE_SUFFIX = "_FILE"
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+def _field(path: list[str]) -> Any:
+    """The annotation of the setting at `path`; None when there is no such setting (validation
+    then reports the unknown key)."""
+    model: Any = Settings
+    annotation = None
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        annotation = model = info.annotation
+    return annotation
+
+
+def _structured(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    origin = get_origin(annotation)
+    if origin in (list, dict):
+        return True
+    return any(_structured(arm) for arm in get_args(annotation)) if origin is not None else False
+
+
+def _parse_env(var: str, value: str, annotation: Any, from_file: bool) -> Any:
+    """A DUPLEX_* value as its setting expects it: plain values stay strings (pydantic converts
+    them); lists and tables are JSON, as pydantic-settings reads them; a list of strings may
+    also be written bare, separated by commas (and, in a file, by lines)."""
+    if not _structured(annotation):
+        return value
+    text = value.strip()
+    if text.startswith(("[", "{")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{var}: not valid JSON: {exc.msg} (line {exc.lineno} column "
+                              f"{exc.colno})") from None
+    if annotation == list[str]:
+        parts = re.split(r"[,\n]" if from_file else ",", text)
+        return [part.strip() for part in parts if part.strip()]
+    raise ConfigError(f"{var}: expected JSON, a list [...] or a table {{...}}")
+
+
+def _read_secret(var: str, filename: str) -> str:
+    try:
+        text = Path(filename).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{var}: cannot read {filename}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{var}: {filename} is not UTF-8 text") from None
+    # A secret file that is empty would turn authentication off without a word.
+    if not text.strip():
+        raise ConfigError(f"{var}: {filename} is empty")
+    return text.strip()
+
+
+def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The settings DUPLEX_* variables give, and which variable gave each (for errors).
+    `DUPLEX_X_FILE=PATH` reads secret X from a file (the Docker and Kubernetes convention)."""
     out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
+    names: dict[tuple[str, ...], str] = {}
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX):
             continue
+        name, from_file = var, False
+        if var.endswith(FILE_SUFFIX):
+            name, from_file = var[: -len(FILE_SUFFIX)], True
         name = ENV_ALIASES.get(name, name)
-        path = name[len(ENV_PREFIX) :].lower().split("__")
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        if from_file and tuple(path) not in SECRETS:
+            secrets_ = ", ".join(ENV_PREFIX + "__".join(s).upper() + FILE_SUFFIX for s in sorted(SECRETS))
+            raise ConfigError(f"{var}: only secrets can be read from a file ({secrets_})")
+        if tuple(path) in names:
+            raise ConfigError(f"{names[tuple(path)]} and {var} both set "
+                              f"'{'.'.join(path)}'; set only one")
+        raw = _read_secret(var, environ[var]) if from_file else environ[var]
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = value
-    return out
+            if not isinstance(node, dict):
+                raise ConfigError(f"{var}: '{part}' is not a section")
+        node[path[-1]] = _parse_env(var, raw, _field(path), from_file)
+        names[tuple(path)] = var
+    return out, names
 
 
 def load_settings(
@@ -212,10 +319,10 @@ def load_settings(
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         data = _merge(data, file_data)
         _validate(data, str(path))
-    env = env_overrides(os.environ if environ is None else environ)
+    env, names = env_settings(os.environ if environ is None else environ)
     if env:
         data = _merge(data, env)
-        _validate(data, f"environment ({ENV_PREFIX}*)")
+        _validate(data, "environment", names)
     if cli:
         data = _merge(data, cli)
     return _validate(data, "command line")
