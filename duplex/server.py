@@ -24,6 +24,7 @@ from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.vad import VadService
 from duplex.observability.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
+from duplex.store.seats import RedisSeats
 from duplex.transcription import Transcriber
 from duplex.transport.hub import SessionHub
 from duplex.transport.realtime.client_secrets import client_secrets_endpoint
@@ -46,7 +47,12 @@ def create_app(settings: Settings) -> Starlette:
     # Expired sessions are remembered as long again, so a late resume hears "expired".
     store = open_store(ss.backend, ss.redis_url, tombstone_s=ss.retention_s)
     registry = SessionRegistry(store, node_id, ss.retention_s)
-    gate = Gate(settings.auth, settings.telephony, registry, Admission(settings.limits))
+    lim = settings.limits
+    # Without a session limit there is nothing to count, so nothing goes to Redis.
+    seats = (RedisSeats(store.redis, lim, ss.heartbeat_s)
+             if ss.backend == "redis" and (lim.sessions or lim.sessions_per_key) else None)
+    admission = Admission(lim, seats=seats)
+    gate = Gate(settings.auth, settings.telephony, registry, admission)
     metrics = Metrics(settings.model.name)
     metrics.active_sessions.set_function(lambda: len(hub))
 
@@ -110,6 +116,7 @@ def create_app(settings: Settings) -> Starlette:
         engine.stop()
         parts["vad"].stop()
         transcriber.stop()
+        await admission.seats.close()
         await store.close()
 
     rs = settings.realtime

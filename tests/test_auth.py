@@ -9,7 +9,7 @@ import websockets
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from duplex.access.auth import choose_subprotocol, twilio_signature
-from duplex.access.limits import Admission
+from duplex.access.limits import Admission, OverLimit
 from duplex.config import LimitsSettings, load_settings
 from duplex.server import create_app
 
@@ -31,16 +31,25 @@ def test_the_key_subprotocol_is_never_echoed():
     assert choose_subprotocol([]) is None
 
 
-def test_admission_counts_sessions_and_messages():
+async def test_admission_counts_sessions_and_messages():
     now = [0.0]
     adm = Admission(LimitsSettings(sessions=3, sessions_per_key=2, messages_per_s_per_key=2,
                                    message_burst=2), clock=lambda: now[0])
-    assert adm.enter("a") is None and adm.enter("a") is None
-    assert adm.enter("a") == "limits.sessions_per_key"
-    assert adm.enter("b") is None
-    assert adm.enter("c") == "limits.sessions"
-    adm.leave("a")
-    assert adm.enter("c") is None
+
+    async def refused(key_id):
+        with pytest.raises(OverLimit) as info:
+            await adm.enter(key_id)
+        return info.value.limit
+
+    first = await adm.enter("a")
+    await adm.enter("a")
+    assert await refused("a") == "limits.sessions_per_key"
+    await adm.enter("b")
+    assert await refused("c") == "limits.sessions"
+    adm.leave(first)
+    adm.leave(first)  # a seat given back twice frees one place, not two
+    await adm.enter("c")
+    assert await refused("d") == "limits.sessions"
     quota = adm.quota("a")
     assert quota.take() == 0 and quota.take() == 0
     assert quota.take() == pytest.approx(0.5)

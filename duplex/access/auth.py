@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl
 from starlette.requests import HTTPConnection
 
 from duplex.access.errors import error_response
-from duplex.access.limits import Admission
+from duplex.access.limits import Admission, OverLimit
 from duplex.config import AuthSettings, TelephonySettings
 from duplex.store import SessionRegistry, StoreUnavailable, hash_secret
 
@@ -38,6 +38,11 @@ class Principal:
     session_id: str | None = None
     session: dict[str, Any] | None = None
     """Settings an ephemeral key was minted with, applied before session.created."""
+
+
+def too_many_sessions(over: OverLimit) -> str:
+    """The one wording of a session refused over a limit, on every entry point and node."""
+    return f"Too many concurrent sessions (limit {over.limit})."
 
 
 def key_id_of(key: str) -> str:
@@ -158,20 +163,20 @@ class AuthMiddleware:
             return
         state = scope.setdefault("state", {})
         state["principal"] = principal
-        counted = scope["type"] == "websocket"
-        if counted:
-            limit = self.gate.admission.enter(principal.key_id)
-            if limit is not None:
+        seat = None
+        if scope["type"] == "websocket":
+            try:
+                seat = await self.gate.admission.enter(principal.key_id)
+            except OverLimit as over:
                 await self._deny(scope, receive, send, 429, "rate_limit_exceeded",
-                                 f"Too many concurrent sessions (limit {limit}).",
-                                 retry_after=1)
+                                 too_many_sessions(over), retry_after=1)
                 return
             state["quota"] = self.gate.admission.quota(principal.key_id)
         try:
             await self.app(scope, receive, send)
         finally:
-            if counted:
-                self.gate.admission.leave(principal.key_id)
+            if seat is not None:
+                self.gate.admission.leave(seat)
 
     @staticmethod
     async def _deny(scope, receive, send, status: int, code: str, message: str,

@@ -1,14 +1,80 @@
-"""Per-key and node-wide limits: concurrent sessions and client message rates (token buckets).
+"""Per-key and node-wide limits: concurrent sessions (seats) and client message rates (token
+buckets).
 
-Counted on this node: with N replicas behind a balancer, a key's ceiling is N times these.
+Seats are counted by a `Seats`: `LocalSeats` counts this node's sessions (the memory store);
+with a Redis store, duplex.store.seats counts every node's, under leases.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from duplex.config import LimitsSettings
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One admitted session's place in the count, given back when it ends."""
+
+    id: str
+    key_id: str
+
+
+class OverLimit(Exception):
+    """A session refused; `limit` names the setting it would break."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def limit_broken(config: LimitsSettings, seats: Iterable[Seat], key_id: str) -> str | None:
+    """The limit one more session of `key_id` would break, beside `seats`; None if none."""
+    total = per_key = 0
+    for seat in seats:
+        total += 1
+        per_key += seat.key_id == key_id
+    if config.sessions and total >= config.sessions:
+        return "limits.sessions"
+    if config.sessions_per_key and per_key >= config.sessions_per_key:
+        return "limits.sessions_per_key"
+    return None
+
+
+class Seats(Protocol):
+    held: dict[str, Seat]
+    """This node's seats, by id."""
+
+    async def take(self, seat: Seat) -> str | None:
+        """Count `seat` in, or name the limit it would break (and count nothing)."""
+
+    def give_back(self, seat: Seat) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalSeats:
+    """This node's sessions only: with N nodes behind a balancer, the ceilings are N times."""
+
+    def __init__(self, config: LimitsSettings) -> None:
+        self.config = config
+        self.held: dict[str, Seat] = {}
+
+    async def take(self, seat: Seat) -> str | None:
+        limit = limit_broken(self.config, self.held.values(), seat.key_id)
+        if limit is None:
+            self.held[seat.id] = seat
+        return limit
+
+    def give_back(self, seat: Seat) -> None:
+        self.held.pop(seat.id, None)
+
+    async def close(self) -> None:
+        pass
 
 
 class TokenBucket:
@@ -47,33 +113,25 @@ class Quota:
 
 
 class Admission:
-    def __init__(self, config: LimitsSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: LimitsSettings, clock: Callable[[], float] = time.monotonic,
+                 seats: Seats | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.total = 0
-        self.per_key: dict[str, int] = {}
+        self.seats = seats if seats is not None else LocalSeats(config)
         self._global = (TokenBucket(config.messages_per_s, config.message_burst, clock)
                         if config.messages_per_s else None)
         self._key_buckets: dict[str, TokenBucket] = {}
 
-    def enter(self, key_id: str) -> str | None:
-        """Count a new session in; returns the name of the limit it would break instead."""
-        c = self.config
-        if c.sessions and self.total >= c.sessions:
-            return "limits.sessions"
-        if c.sessions_per_key and self.per_key.get(key_id, 0) >= c.sessions_per_key:
-            return "limits.sessions_per_key"
-        self.total += 1
-        self.per_key[key_id] = self.per_key.get(key_id, 0) + 1
-        return None
+    async def enter(self, key_id: str) -> Seat:
+        """A seat for a new session of `key_id`; raises OverLimit naming the limit instead."""
+        seat = Seat("seat_" + secrets.token_hex(8), key_id)
+        limit = await self.seats.take(seat)
+        if limit is not None:
+            raise OverLimit(limit)
+        return seat
 
-    def leave(self, key_id: str) -> None:
-        self.total -= 1
-        left = self.per_key[key_id] - 1
-        if left:
-            self.per_key[key_id] = left
-        else:
-            del self.per_key[key_id]
+    def leave(self, seat: Seat) -> None:
+        self.seats.give_back(seat)
 
     def quota(self, key_id: str) -> Quota:
         c = self.config

@@ -19,7 +19,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from duplex.access.auth import too_many_sessions
 from duplex.access.errors import error_response
+from duplex.access.limits import OverLimit, Seat
 from duplex.engine import AdmissionRefused
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime.session import RealtimeSession
@@ -121,22 +123,22 @@ class CallRegistry:
 
         principal = request.scope.get("state", {}).get("principal")
         key_id = principal.key_id if principal is not None else "anonymous"
-        quota = None
+        quota = seat = None
         if self.admission is not None:
-            limit = self.admission.enter(key_id)
-            if limit is not None:
-                return error_response(429, "rate_limit_exceeded",
-                              f"Too many concurrent sessions (limit {limit}).",
-                              headers={"Retry-After": "1"})
+            try:
+                seat = await self.admission.enter(key_id)
+            except OverLimit as over:
+                return error_response(429, "rate_limit_exceeded", too_many_sessions(over),
+                                      headers={"Retry-After": "1"})
             quota = self.admission.quota(key_id)
         try:
             duplex_events = request.query_params.get("duplex_events", "").lower() in ("1", "true")
-            response = await self._create(sdp, session_config, quota, key_id, duplex_events)
+            response = await self._create(sdp, session_config, quota, seat, duplex_events)
         except BaseException:
-            self._leave(key_id)
+            self._leave(seat)
             raise
         if response.status_code != 201:
-            self._leave(key_id)
+            self._leave(seat)
         return response
 
     @staticmethod
@@ -163,11 +165,11 @@ class CallRegistry:
                           "session")
         return sdp, session_config
 
-    def _leave(self, key_id: str) -> None:
-        if self.admission is not None:
-            self.admission.leave(key_id)
+    def _leave(self, seat: Seat | None) -> None:
+        if seat is not None:
+            self.admission.leave(seat)
 
-    async def _create(self, sdp: str, session_config, quota, key_id: str,
+    async def _create(self, sdp: str, session_config, quota, seat: Seat | None,
                       duplex_events: bool) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
         pc = PeerConnection(self._configuration())
@@ -234,7 +236,7 @@ class CallRegistry:
         self.hub.add(session.session_id, session.shutdown)
         if session_config is not None:
             session.feed_text(json.dumps({"type": "session.update", "session": session_config}))
-        call.tasks.append(asyncio.create_task(self._serve(call, key_id)))
+        call.tasks.append(asyncio.create_task(self._serve(call, seat)))
         call.tasks.append(asyncio.create_task(self._connect_deadline(call)))
         return Response(
             pc.localDescription.sdp,
@@ -243,7 +245,7 @@ class CallRegistry:
             headers={"Location": f"/v1/realtime/calls/{call_id}"},
         )
 
-    async def _serve(self, call: Call, key_id: str) -> None:
+    async def _serve(self, call: Call, seat: Seat | None) -> None:
         try:
             await call.session.run()
         finally:
@@ -251,7 +253,7 @@ class CallRegistry:
             try:
                 await self._tear_down(call)
             finally:
-                self._leave(key_id)
+                self._leave(seat)
                 self.hub.discard(call.session.session_id)
 
     @staticmethod

@@ -1,0 +1,98 @@
+"""Concurrent-session seats counted in a real redis-server by two nodes: atomic limits, leases
+that renewals keep and death ends, and counting on the node alone while Redis is away."""
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from duplex.access.limits import Seat
+from duplex.config import LimitsSettings
+from duplex.store.redis_store import RedisStore
+from duplex.store.seats import RedisSeats
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def nodes(redis_server):
+    made = []
+
+    def node(renew_s=3600.0, **limits):
+        store = RedisStore(redis_server.url)
+        seats = RedisSeats(store.redis, LimitsSettings(**limits), renew_s)
+        made.append((seats, store))
+        return seats
+
+    yield node
+    for seats, store in made:
+        await seats.close()
+        await store.close()
+
+
+def seat(n, key_id):
+    return Seat(f"seat_{n}", key_id)
+
+
+async def admitted(seats, one):
+    return await seats.take(one) is None
+
+
+async def test_two_nodes_share_both_limits(nodes):
+    a, b = nodes(sessions=3, sessions_per_key=2), nodes(sessions=3, sessions_per_key=2)
+    first = seat(1, "k1")
+    assert await a.take(first) is None and await a.take(seat(2, "k1")) is None
+    assert await b.take(seat(3, "k1")) == "limits.sessions_per_key"
+    assert await b.take(seat(4, "k2")) is None
+    assert await b.take(seat(5, "k2")) == "limits.sessions"
+    assert await a.take(seat(5, "k2")) == "limits.sessions"
+    assert set(a.held) == {"seat_1", "seat_2"} and set(b.held) == {"seat_4"}
+    a.give_back(first)
+    await eventually(lambda: admitted(b, seat(6, "k1")), "b takes the seat a gave back")
+
+
+async def test_many_nodes_racing_for_the_last_seats_never_overshoot(nodes):
+    racers = [nodes(sessions=5) for _ in range(4)]
+    results = await asyncio.gather(*(racers[n % 4].take(seat(n, f"k{n}")) for n in range(20)))
+    assert results.count(None) == 5
+    assert sum(len(r.held) for r in racers) == 5
+
+
+async def test_a_dead_nodes_seats_stop_counting_when_their_lease_ends(nodes):
+    dead = nodes(sessions=1, lease_s=1.0)  # never renews
+    other = nodes(sessions=1, lease_s=1.0)
+    taken = time.monotonic()
+    assert await dead.take(seat(1, "k")) is None
+    assert await other.take(seat(2, "k")) == "limits.sessions"
+    await eventually(lambda: admitted(other, seat(2, "k")), "the dead node's lease ends")
+    assert time.monotonic() - taken >= 0.95
+
+
+async def test_a_live_node_keeps_its_seats_past_the_lease(nodes, redis_server):
+    live = nodes(renew_s=0.1, sessions=1, lease_s=0.5)
+    other = nodes(sessions=1, lease_s=0.5)
+    assert await live.take(seat(1, "k")) is None
+    sync = redis.Redis.from_url(redis_server.url)
+    first_end = sync.zscore("duplex:seats", "seat_1")
+
+    def redis_ms():
+        seconds, micros = sync.time()
+        return seconds * 1000 + micros // 1000
+
+    await eventually(lambda: redis_ms() > first_end + 500, "a lease past the first one's end")
+    assert await other.take(seat(2, "k")) == "limits.sessions"
+
+
+async def test_without_redis_a_node_counts_alone_and_writes_its_seats_back(nodes, redis_server):
+    a = nodes(sessions=2, lease_s=5.0)
+    b = nodes(sessions=2, lease_s=5.0)
+    redis_server.stop()
+    assert await a.take(seat(1, "k")) is None and await a.take(seat(2, "k")) is None
+    assert a.local_only
+    assert await a.take(seat(3, "k")) == "limits.sessions"
+    redis_server.start()
+    await a.renew()
+    assert not a.local_only
+    assert await b.take(seat(4, "k")) == "limits.sessions"
