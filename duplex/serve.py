@@ -69,4 +69,6 @@ def serve(settings: Settings) -> None:
         log_config=None if settings.server.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s) + 1,
     )
+    # After uvicorn.Config, which sets up uvicorn's loggers.
+    logs.redact_server_credentials()
     _Server(config, app.state.hub, settings.server.shutdown_timeout_s).run()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import time
 
 session_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("session_id", default=None)
@@ -23,6 +24,30 @@ class SessionContext(logging.Filter):
         record.session_id = session_id_var.get()
         record.epoch = epoch_var.get()
         return True
+
+
+# Where a client's key travels, as uvicorn and websockets log it: the URL (`?api_key=`, the only
+# place a browser can put it on a WebSocket), and, at debug level, the handshake's headers.
+_CREDENTIALS = re.compile(
+    r"(?i)([?&]api(?:_|%5f)key=|authorization:\s*(?:bearer\s+)?|openai-insecure-api-key\.)"
+    r"[^&\s\"',]+")
+
+
+class RedactCredentials(logging.Filter):
+    """Uvicorn logs every URL it serves and, at debug level, every handshake header; the
+    values of keys among them never reach the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _CREDENTIALS.sub(r"\1***", message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def redact_server_credentials() -> None:
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(RedactCredentials())
 
 
 class JsonFormatter(logging.Formatter):
