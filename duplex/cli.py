@@ -146,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the server",
         description="Run the server. Settings come from the embedded defaults, then --config, "
-        "then DUPLEX_* environment variables (DUPLEX_SERVER__PORT=9000), then these flags.",
+        "then DUPLEX_* environment variables (DUPLEX_SERVER__PORT=9000), then these flags. "
+        "Lists and tables in variables are JSON (DUPLEX_WEBRTC__ICE_SERVERS='[{\"urls\": "
+        "\"stun:HOST\"}]'); lists of strings may be comma-separated (DUPLEX_AUTH__API_KEYS="
+        "sk-1,sk-2). Secrets may be read from files: DUPLEX_AUTH__API_KEYS_FILE, "
+        "DUPLEX_TELEPHONY__AUTH_TOKEN_FILE, DUPLEX_REDIS_URL_FILE, DUPLEX_WEBRTC__ICE_SERVERS_FILE.",
     )
     serve.add_argument("--config", metavar="FILE", help="TOML config file (see configs/)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")

@@ -169,8 +169,10 @@ class ConfigError(Exception):
     """A bad setting; the message names the key and where it came from."""
 
 
-SECRETS = frozenset({("auth", "api_keys"), ("telephony", "auth_token"), ("store", "redis_url")})
-"""Settings never echoed in errors, and the only ones a `DUPLEX_..._FILE` variable may supply."""
+SECRETS = frozenset({("auth", "api_keys"), ("telephony", "auth_token"), ("store", "redis_url"),
+                     ("webrtc", "ice_servers")})
+"""Settings never echoed in errors, and the only ones a `DUPLEX_..._FILE` variable may supply
+(a Redis URL may hold a password, ICE servers TURN credentials)."""
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

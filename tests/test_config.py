@@ -111,9 +111,13 @@ def test_secrets_from_files(tmp_path):
     assert s.telephony.auth_token == "tw-secret"
     assert (s.store.redis_url, s.store.backend) == ("redis://:pw@redis:6379/0", "redis")
     keys.write_text('["sk-4"]')
+    ice = tmp_path / "ice"
+    ice.write_text('[{"urls": "turn:turn.example.org", "username": "u", "credential": "c"}]')
     s = load_settings(environ={"DUPLEX_AUTH__API_KEYS_FILE": str(keys),
-                               "DUPLEX_STORE__REDIS_URL_FILE": str(url)})
+                               "DUPLEX_STORE__REDIS_URL_FILE": str(url),
+                               "DUPLEX_WEBRTC__ICE_SERVERS_FILE": str(ice)})
     assert s.auth.api_keys == ["sk-4"] and s.store.redis_url == "redis://:pw@redis:6379/0"
+    assert s.webrtc.ice_servers[0].credential == "c"
 
 
 def test_secret_file_problems_name_the_variable(tmp_path):
@@ -139,6 +143,7 @@ def test_secret_file_problems_name_the_variable(tmp_path):
     {"DUPLEX_REDIS_URL": "http://:hunter2@redis:6379/0"},
     {"DUPLEX_TELEPHONY__AUTH_TOKEN": "hunter2", "DUPLEX_TELEPHONY__PUBLIC_URL": "not a url"},
     {"DUPLEX_TELEPHONY__AUTH_TOKEN": "hunter2", "DUPLEX_TELEPHONY__NOPE": "x"},
+    {"DUPLEX_WEBRTC__ICE_SERVERS": '[{"urls": "turn:x", "credential": ["hunter2"]}]'},
 ])
 def test_errors_never_show_a_secret(environ):
     with pytest.raises(ConfigError) as info:

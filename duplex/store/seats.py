@@ -90,16 +90,20 @@ class RedisSeats:
     async def take(self, seat: Seat) -> str | None:
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_forever())
-        try:
-            code = await self._take(keys=self._keys(seat.key_id),
-                                    args=[self._lease_ms, self.config.sessions,
-                                          self.config.sessions_per_key, seat.id])
-        except _UNREACHABLE as exc:
-            self._unreachable(exc)
+        # Once Redis is found gone, handshakes stop waiting on it; the renewals look for it.
+        if self.local_only:
             limit = limit_broken(self.config, self.held.values(), seat.key_id)
         else:
-            self._reachable()
-            limit = _LIMITS.get(int(code))
+            try:
+                code = await self._take(keys=self._keys(seat.key_id),
+                                        args=[self._lease_ms, self.config.sessions,
+                                              self.config.sessions_per_key, seat.id])
+            except _UNREACHABLE as exc:
+                self._unreachable(exc)
+                limit = limit_broken(self.config, self.held.values(), seat.key_id)
+            else:
+                self._reachable()
+                limit = _LIMITS.get(int(code))
         if limit is None:
             self.held[seat.id] = seat
         return limit
@@ -129,10 +133,11 @@ class RedisSeats:
             by_key: dict[str, list[str]] = defaultdict(list)
             for seat in self.held.values():
                 by_key[seat.key_id].append(seat.id)
-            if not by_key:
+            if not by_key and not self.local_only:
                 return
             try:
                 async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.ping()
                     for key_id, ids in by_key.items():
                         await self._renew(keys=self._keys(key_id), args=[self._lease_ms, *ids],
                                           client=pipe)

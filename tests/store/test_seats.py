@@ -86,13 +86,18 @@ async def test_a_live_node_keeps_its_seats_past_the_lease(nodes, redis_server):
 
 
 async def test_without_redis_a_node_counts_alone_and_writes_its_seats_back(nodes, redis_server):
-    a = nodes(sessions=2, lease_s=5.0)
-    b = nodes(sessions=2, lease_s=5.0)
+    a, b, c = (nodes(sessions=2, lease_s=5.0) for _ in range(3))
     redis_server.stop()
     assert await a.take(seat(1, "k")) is None and await a.take(seat(2, "k")) is None
     assert a.local_only
     assert await a.take(seat(3, "k")) == "limits.sessions"
+    passing = seat(5, "k")
+    assert await c.take(passing) is None
+    c.give_back(passing)
     redis_server.start()
     await a.renew()
     assert not a.local_only
     assert await b.take(seat(4, "k")) == "limits.sessions"
+    # A node holding no seat still finds Redis back, and counts in it again.
+    await c.renew()
+    assert not c.local_only and await c.take(seat(6, "k")) == "limits.sessions"
