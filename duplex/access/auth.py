@@ -40,11 +40,6 @@ class Principal:
     """Settings an ephemeral key was minted with, applied before session.created."""
 
 
-def too_many_sessions(over: OverLimit) -> str:
-    """The one wording of a session refused over a limit, on every entry point and node."""
-    return f"Too many concurrent sessions (limit {over.limit})."
-
-
 def key_id_of(key: str) -> str:
     return "key_" + hash_secret(key)[:12]
 
@@ -169,7 +164,7 @@ class AuthMiddleware:
                 seat = await self.gate.admission.enter(principal.key_id)
             except OverLimit as over:
                 await self._deny(scope, receive, send, 429, "rate_limit_exceeded",
-                                 too_many_sessions(over), retry_after=1)
+                                 str(over), retry_after=1)
                 return
             state["quota"] = self.gate.admission.quota(principal.key_id)
         try:

@@ -25,10 +25,11 @@ class Seat:
 
 
 class OverLimit(Exception):
-    """A session refused; `limit` names the setting it would break."""
+    """A session refused; `limit` names the setting it would break. The message is the one
+    wording of this refusal, on every entry point and node."""
 
     def __init__(self, limit: str) -> None:
-        super().__init__(limit)
+        super().__init__(f"Too many concurrent sessions (limit {limit}).")
         self.limit = limit
 
 

@@ -18,15 +18,16 @@ import logging
 from collections import defaultdict
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from duplex.access.limits import Seat, limit_broken
 from duplex.config import LimitsSettings
 
 log = logging.getLogger("duplex.store.seats")
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+# Any failure of Redis, a refused password as much as a lost connection, leaves the node
+# counting alone rather than refusing every session.
+_UNREACHABLE = (RedisError, OSError)
 
 _NOW_MS = """
 local t = redis.call('TIME')

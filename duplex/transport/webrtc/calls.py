@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from duplex.access.auth import too_many_sessions
 from duplex.access.errors import error_response
 from duplex.access.limits import OverLimit, Seat
 from duplex.engine import AdmissionRefused
@@ -128,7 +127,7 @@ class CallRegistry:
             try:
                 seat = await self.admission.enter(key_id)
             except OverLimit as over:
-                return error_response(429, "rate_limit_exceeded", too_many_sessions(over),
+                return error_response(429, "rate_limit_exceeded", str(over),
                                       headers={"Retry-After": "1"})
             quota = self.admission.quota(key_id)
         try:
