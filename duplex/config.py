@@ -156,8 +156,10 @@ class Settings(_Section):
 
     @model_validator(mode="after")
     def _lease_outlives_renewal(self) -> Settings:
-        lease, store = self.limits.lease_s, self.store
-        if store.backend == "redis" and not store.heartbeat_s < lease <= store.retention_s:
+        # Leases exist only where sessions are counted in Redis.
+        lease, store, limits = self.limits.lease_s, self.store, self.limits
+        leased = store.backend == "redis" and (limits.sessions or limits.sessions_per_key)
+        if leased and not store.heartbeat_s < lease <= store.retention_s:
             raise ValueError(
                 f"limits.lease_s ({lease:g}) must be longer than store.heartbeat_s "
                 f"({store.heartbeat_s:g}), which renews it, and at most store.retention_s "

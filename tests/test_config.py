@@ -171,11 +171,14 @@ def test_cli_reports_a_bad_variable_in_one_line(monkeypatch, capsys):
 
 
 def test_a_lease_must_outlive_its_renewal_and_fit_the_retention():
-    base = {"DUPLEX_REDIS_URL": "redis://redis:6379/0"}
+    base = {"DUPLEX_REDIS_URL": "redis://redis:6379/0", "DUPLEX_LIMITS__SESSIONS": "10"}
     with pytest.raises(ConfigError, match=r"limits\.lease_s \(1\) must be longer than "
                                           r"store\.heartbeat_s \(2\)"):
         load_settings(environ={**base, "DUPLEX_LIMITS__LEASE_S": "1"})
     with pytest.raises(ConfigError, match=r"at most store\.retention_s \(5\)"):
         load_settings(environ={**base, "DUPLEX_STORE__RETENTION_S": "5"})
-    # The memory store keeps no leases, so it does not care.
-    assert load_settings(environ={"DUPLEX_LIMITS__LEASE_S": "1"}).limits.lease_s == 1
+    # Without a session limit, or with the memory store, nothing is leased.
+    del base["DUPLEX_LIMITS__SESSIONS"]
+    assert load_settings(environ={**base, "DUPLEX_STORE__RETENTION_S": "5"}).limits.lease_s == 10
+    assert load_settings(environ={"DUPLEX_LIMITS__LEASE_S": "1",
+                                  "DUPLEX_LIMITS__SESSIONS": "10"}).limits.lease_s == 1
