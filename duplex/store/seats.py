@@ -116,6 +116,10 @@ class RedisSeats:
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
 
+    async def settled(self) -> None:
+        """Return once every seat given back so far is out of Redis (or found unreachable)."""
+        await asyncio.gather(*self._removals, return_exceptions=True)
+
     async def _remove(self, seats: list[Seat]) -> None:
         async with self._turn:
             try:
@@ -168,7 +172,7 @@ class RedisSeats:
         """Stop renewing and give every held seat back (the other nodes may use them now)."""
         if self._renewer is not None:
             self._renewer.cancel()
-        await asyncio.gather(*self._removals, return_exceptions=True)
+        await self.settled()
         seats, self.held = list(self.held.values()), {}
         if seats:
             await self._remove(seats)

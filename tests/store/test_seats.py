@@ -6,8 +6,10 @@ import time
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from duplex.access.limits import Seat
+from duplex.access.limits import LocalSeats, Seat
 from duplex.config import LimitsSettings
 from duplex.store.redis_store import RedisStore
 from duplex.store.seats import RedisSeats
@@ -101,3 +103,36 @@ async def test_without_redis_a_node_counts_alone_and_writes_its_seats_back(nodes
     # A node holding no seat still finds Redis back, and counts in it again.
     await c.renew()
     assert not c.local_only and await c.take(seat(6, "k")) == "limits.sessions"
+
+
+ops = st.lists(st.tuples(st.integers(0, 1), st.booleans(), st.sampled_from(["k0", "k1", "k2"])),
+               max_size=25)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops, sessions=st.integers(0, 4), per_key=st.integers(0, 3))
+async def test_two_nodes_count_as_one_node_would(redis_server, ops, sessions, per_key):
+    """Any run of takes and give-backs on two nodes answers, take for take, as one node
+    counting every seat of both would."""
+    limits = LimitsSettings(sessions=sessions, sessions_per_key=per_key)
+    stores = [RedisStore(redis_server.url) for _ in range(2)]
+    await stores[0].redis.flushall()
+    nodes = [RedisSeats(s.redis, limits, 3600.0) for s in stores]
+    one_node = LocalSeats(limits)
+    try:
+        for n, (on, take, key_id) in enumerate(ops):
+            node = nodes[on]
+            if take:
+                one = seat(n, key_id)
+                assert await node.take(one) == await one_node.take(one)
+            elif node.held:
+                given_back = next(iter(node.held.values()))
+                node.give_back(given_back)
+                one_node.give_back(given_back)
+                await node.settled()
+        assert not any(node.local_only for node in nodes)
+    finally:
+        for node, store in zip(nodes, stores, strict=True):
+            await node.close()
+            await store.close()
