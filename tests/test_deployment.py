@@ -47,6 +47,7 @@ async def test_secrets_from_files_never_reach_the_log(server_process, redis_serv
     with pytest.raises(websockets.InvalidStatus) as refused:
         await websockets.connect(f"{ws_url}?api_key={WRONG_KEY}")
     assert refused.value.response.status_code == 401
+    assert WRONG_KEY not in refused.value.response.body.decode()
     async with httpx.AsyncClient(base_url=server.url) as http:
         minted = await http.post("/v1/realtime/client_secrets", json={},
                                  headers={"Authorization": f"Bearer {KEY}"})
