@@ -290,8 +290,9 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple
         name = ENV_ALIASES.get(name, name)
         path = name[len(ENV_PREFIX):].lower().split("__")
         if from_file and tuple(path) not in SECRETS:
-            secrets_ = ", ".join(ENV_PREFIX + "__".join(s).upper() + FILE_SUFFIX for s in sorted(SECRETS))
-            raise ConfigError(f"{var}: only secrets can be read from a file ({secrets_})")
+            readable = ", ".join(ENV_PREFIX + "__".join(secret).upper() + FILE_SUFFIX
+                                 for secret in sorted(SECRETS))
+            raise ConfigError(f"{var}: only secrets can be read from a file ({readable})")
         if tuple(path) in names:
             raise ConfigError(f"{names[tuple(path)]} and {var} both set "
                               f"'{'.'.join(path)}'; set only one")
