@@ -12,7 +12,6 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from openai import AsyncOpenAI
 
 from duplex.engine.scheduler import Drop
 from duplex.engine.stats import EngineStats
@@ -98,37 +97,3 @@ async def test_server_reports_ttfa_drops_and_logs_json(server_process):
               and "closed" in entry["message"]]
     assert closed and closed[0]["session_id"] == session_id and closed[0]["epoch"] == 1
 
-
-@pytest.mark.slow
-async def test_server_reports_its_caches_with_the_configured_budget(server_process, tiny_omni_dir):
-    env = {**os.environ, "DUPLEX_CACHES__PREFIX_BYTES": "50000000"}
-    server = server_process("--model", str(tiny_omni_dir), env=env)
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
-
-    async def reply() -> None:
-        async with client.realtime.connect(model="tiny") as conn:
-            await conn.session.update(session={
-                "type": "realtime", "instructions": "You sell train tickets.",
-                "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}})
-            await conn.conversation.item.create(item={
-                "type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": "one ticket please"}]})
-            await conn.response.create(response={"max_output_tokens": 3})
-            async for event in conn:
-                assert event.type != "error", event
-                if event.type == "response.done":
-                    return
-
-    # The second session's context opens with the same system turn as the first's.
-    await asyncio.wait_for(reply(), 60)
-    await asyncio.wait_for(reply(), 60)
-
-    def caches() -> str:
-        text = httpx.get(f"{server.url}/metrics").text
-        return text if "duplex_prefix_cache_hits_total 1.0" in text else ""
-
-    text = await eventually(caches, "the prefix cache hit reaches /metrics")
-    assert "duplex_prefix_cache_misses_total 1.0" in text
-    assert "duplex_prefix_cache_budget_bytes 5e+07" in text
-    assert "duplex_feature_cache_hits_total 0.0" in text
