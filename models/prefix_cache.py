@@ -40,6 +40,10 @@ class PrefixCache:
     def __init__(self, budget_bytes: int) -> None:
         self._lru: ByteLRU[PrefixKV] = ByteLRU(budget_bytes)
 
+    @property
+    def enabled(self) -> bool:
+        return self._lru.budget > 0
+
     def take(self, key: PrefixKey) -> PrefixKV | None:
         """The head's KV, pinned for the caller until `release`; None (a miss) if not held."""
         return self._lru.get(key, pin=True)

@@ -184,6 +184,28 @@ class Thinker:
         sess.talker_done = False
 
     def forward(self, sessions: list[Session]) -> torch.Tensor:
+        """Every session's pending pieces forwarded -> each row's last hidden state.
+
+        One forward, or two when sessions of the batch open with the same head that the cache
+        does not hold yet: the first session computes it in the first forward, the others
+        copy it from the cache for the second instead of computing it again."""
+        later, computing = [], set()
+        for sess in sessions:
+            if sess.thinker_slot is None and sess.head and self.prefix_cache.enabled:
+                prefix = (self.version, sess.head)
+                if prefix in computing:
+                    later.append(sess)
+                elif prefix not in self.prefix_cache:
+                    computing.add(prefix)
+        if not later:
+            return self._forward(sessions)
+        deferred = {id(sess) for sess in later}
+        first = [sess for sess in sessions if id(sess) not in deferred]
+        rows = torch.cat([self._forward(first), self._forward(later)])
+        order = {id(sess): i for i, sess in enumerate(first + later)}
+        return rows[torch.tensor([order[id(sess)] for sess in sessions], device=rows.device)]
+
+    def _forward(self, sessions: list[Session]) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
         opts = self.options
         heads = [sess for sess in sessions if sess.thinker_slot is None and self._open_slot(sess)]

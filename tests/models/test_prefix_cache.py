@@ -92,14 +92,16 @@ def test_a_shared_prefix_replies_as_an_unshared_prefill_and_costs_no_prefill(mak
 def test_sessions_in_one_batch_with_alike_and_other_prompts(make):
     other = "Speak like a station announcer."
     prompts = [PROMPT, other, PROMPT]
-    expected, _, _ = reply(make(PrefixCache(0)), ["u1", "u2", "u3"], prompts)
+    expected, full, _ = reply(make(PrefixCache(0)), ["u1", "u2", "u3"], prompts)
     ad = make(PrefixCache(64 << 20))
     first, first_cost, _ = reply(ad, ["a1", "a2", "a3"], prompts)
     again, again_cost, states = reply(ad, ["b1", "b2", "b3"], prompts, free=False)
     assert first == expected and again == expected
-    # Sessions that open together in one forward each compute their head (none is cached yet).
-    assert again_cost == first_cost - sum(head_length(ad, p) for p in prompts)
-    assert ad.prefix_cache.stats().hits == 3
+    # Opening together, the two alike sessions compute their common head once.
+    assert first_cost == full - head_length(ad, PROMPT)
+    assert again_cost == full - sum(head_length(ad, p) for p in prompts)
+    stats = ad.prefix_cache.stats()
+    assert (stats.hits, stats.misses, stats.entries) == (4, 2, 2)
     # Each live session pins the entry its context opened with.
     keys = {ad._session(st).prefix for st in states}
     assert len(keys) == 2 and sorted(ad.prefix_cache.refs(k) for k in keys) == [1, 2]
