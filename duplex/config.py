@@ -16,6 +16,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from models.caches import CacheBudgets
+
 ENV_PREFIX = "DUPLEX_"
 
 
@@ -52,6 +54,15 @@ class EngineSettings(_Section):
     process: bool = True
     """Run the model and engine in a child process (its own interpreter lock); false keeps
     them on a thread of the server process."""
+
+
+class CacheSettings(_Section):
+    """Byte budgets of the model's cross-session caches; 0 turns a cache off."""
+
+    prefix_bytes: int = Field(CacheBudgets.prefix_bytes, ge=0)
+    """Thinker KV of system turns (instructions, tools), shared by sessions that start alike."""
+    feature_bytes: int = Field(CacheBudgets.feature_bytes, ge=0)
+    """Vision encoder features of images seen before."""
 
 
 class RealtimeSettings(_Section):
@@ -146,6 +157,7 @@ class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
     engine: EngineSettings = EngineSettings()
+    caches: CacheSettings = CacheSettings()
     realtime: RealtimeSettings = RealtimeSettings()
     webrtc: WebRTCSettings = WebRTCSettings()
     telephony: TelephonySettings = TelephonySettings()

@@ -34,6 +34,7 @@ from duplex.transport.twilio.protocol import Options as TwilioOptions
 from duplex.transport.twilio.twiml import twiml_endpoint
 from duplex.transport.twilio.ws import twilio_endpoint
 from duplex.transport.webrtc.calls import CallRegistry
+from models.caches import CacheBudgets
 
 METRICS_SYNC_S = 5.0
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
@@ -94,6 +95,7 @@ def create_app(settings: Settings) -> Starlette:
             torch_threads=es.torch_threads,
             log_level=settings.server.log_level,
             log_format=settings.server.log_format,
+            caches=CacheBudgets(settings.caches.prefix_bytes, settings.caches.feature_bytes),
         )
         engine = await asyncio.to_thread(start_engine, spec, not es.process)
         ts = settings.transcription

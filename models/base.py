@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.caches import CacheStats
 from models.reply import ReplySpec
 
 
@@ -122,6 +123,10 @@ class DuplexModel(ABC):
 
     def bytes_held(self, state: ModelState) -> int:
         return sum(slot.nbytes for slot in state.slots.values())
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """The counters of the caches the model keeps across sessions, by cache name."""
+        return {}
 
     @abstractmethod
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[Any]:

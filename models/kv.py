@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from models.prefix_cache import PrefixKV
+
 
 class SlotOwnershipError(RuntimeError):
     """A state reached a slot that another session owns now; nothing was computed."""
@@ -85,6 +87,23 @@ class SlotKV:
         if slot >= len(self.owner) or self.owner[slot] != owner:
             held = self.owner[slot] if slot < len(self.owner) else None
             raise SlotOwnershipError(f"slot {slot} belongs to {held!r}, not {owner!r}")
+
+    def read(self, slot: int, n: int) -> PrefixKV:
+        """A copy of the slot's first `n` positions (for the prefix cache)."""
+        return PrefixKV(tuple(k[slot, :, :n].clone() for k in self.keys),
+                        tuple(v[slot, :, :n].clone() for v in self.values))
+
+    def write(self, slot: int, prefix: PrefixKV) -> None:
+        """Make a freshly acquired slot hold `prefix` as its first positions."""
+        if self.length[slot]:
+            raise ValueError(f"slot {slot} already holds {self.length[slot]} positions")
+        n = prefix.length
+        if n > self.capacity:
+            self._resize(len(self.owner), _round_up(n))
+        for bufs, parts in ((self.keys, prefix.keys), (self.values, prefix.values)):
+            for buf, part in zip(bufs, parts, strict=True):
+                buf[slot, :, :n] = part
+        self.length[slot] = n
 
     def evict(self, slot: int, keep: int, drop: int) -> None:
         """Remove `drop` positions after the first `keep`; later keys keep their rotary phase."""

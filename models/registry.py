@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from models.base import DuplexModel
+from models.caches import CacheBudgets
 
 TINY = {"tiny-omni": "qwen3_omni_moe", "tiny-moshi": "moshi"}
 
@@ -59,7 +60,8 @@ def checkpoint_config(name: str, cache_dir: str | Path = ".models") -> Path:
     return config
 
 
-def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto") -> DuplexModel:
+def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto",
+               budgets: CacheBudgets | None = None) -> DuplexModel:
     if name == "echo":
         from models.echo import EchoModel
 
@@ -71,7 +73,7 @@ def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto
     if model_type == "qwen3_omni_moe":
         from models.qwen3_omni.adapter import Qwen3OmniAdapter
 
-        return Qwen3OmniAdapter.from_pretrained(path, device=dev, dtype=dtype)
+        return Qwen3OmniAdapter.from_pretrained(path, device=dev, dtype=dtype, budgets=budgets)
     if model_type == "moshi":
         from models.moshi.adapter import MoshiAdapter
 

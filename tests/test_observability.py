@@ -17,6 +17,7 @@ from duplex.engine.scheduler import Drop
 from duplex.engine.stats import EngineStats
 from duplex.observability.logs import JsonFormatter, SessionContext, bind_session
 from duplex.observability.metrics import Metrics
+from models.caches import CacheStats
 from tests.waiting import eventually
 
 
@@ -27,7 +28,8 @@ def test_engine_stats_become_histograms_and_are_drained():
     stats.stages["thinker"].batch_sizes += [4]
     drops = [Drop("s1", "pcm", 3, 12, "stale_epoch")]
     engine = SimpleNamespace(stats=stats, total_bytes_held=lambda: 4096,
-                             drain_drops=lambda: [drops.pop()] if drops else [])
+                             drain_drops=lambda: [drops.pop()] if drops else [],
+                             cache_stats={"prefix": CacheStats(hits=3, misses=1, bytes=512)})
     metrics = Metrics("echo")
     metrics.sync_engine(engine)
     metrics.sync_engine(engine)
@@ -38,6 +40,11 @@ def test_engine_stats_become_histograms_and_are_drained():
     assert 'duplex_stage_batch_size_count{stage="thinker"} 1.0' in text
     assert 'duplex_dropped_total{kind="pcm",reason="stale_epoch"} 3.0' in text
     assert "duplex_engine_bytes_held 4096.0" in text
+    assert "duplex_prefix_cache_hits_total 3.0" in text
+    assert "duplex_prefix_cache_misses_total 1.0" in text
+    assert "duplex_prefix_cache_bytes 512.0" in text
+    # A cache the model does not keep reads zero rather than missing from the page.
+    assert "duplex_feature_cache_hits_total 0.0" in text
     assert stats.stages["thinker"].queue_ms == []
 
 
@@ -89,3 +96,4 @@ async def test_server_reports_ttfa_drops_and_logs_json(server_process):
     closed = [entry for entry in lines if entry["message"].startswith("session ")
               and "closed" in entry["message"]]
     assert closed and closed[0]["session_id"] == session_id and closed[0]["epoch"] == 1
+

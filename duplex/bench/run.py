@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -269,6 +269,8 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 else:
                     result = asyncio.run(run_mode(engine, vad, sessions, duration_s))
                 modes[mode] = result
+                # The model's caches since the engine started (models.caches), measured apart.
+                result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
                 if codec_ratio is None:
                     codec_ratio = engine.query(stream_vs_offline)
             finally:

@@ -27,6 +27,7 @@ from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
 from models.base import TextTurn
+from models.caches import CacheStats
 from models.reply import ReplySpec
 
 log = logging.getLogger("duplex.engine")
@@ -107,6 +108,8 @@ class EngineClient(ABC):
         self._gone: str | None = None
         """Why the core can no longer be reached; None while it can."""
         self._core_alive = True
+        self.cache_stats: dict[str, CacheStats] = {}
+        """The model's cache counters as of the core's last report."""
 
     # -- how requests travel (subclasses) ---------------------------------------------------
 
@@ -261,6 +264,7 @@ class EngineClient(ABC):
             self.stats.add(output.stage_samples)
             self.load, self.stats.busy_s, self._core_alive = (
                 output.load, output.busy_s, output.alive)
+            self.cache_stats = output.caches
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)
             if waiter is not None:

@@ -142,7 +142,7 @@ class EngineCore:
         self._last_report = time.monotonic()
         drops, self.scheduler.drops = self.scheduler.drops, []
         self.emit(m.Report(dict(self._bytes), drops, self.stats.take(), self.load,
-                           self.stats.busy_s, alive))
+                           self.stats.busy_s, alive, self.model.cache_stats()))
 
     def _apply_requests(self, block_s: float) -> None:
         try:

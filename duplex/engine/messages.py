@@ -10,7 +10,7 @@ Modelled on vLLM v1's EngineCoreRequest / EngineCoreOutputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from duplex.engine.scheduler import (
     ToolCallOut,
 )
 from models.base import TextTurn
+from models.caches import CacheStats
 from models.reply import ReplySpec
 
 # -- requests ---------------------------------------------------------------------------------
@@ -130,6 +131,8 @@ class Report:
     busy_s: float
     alive: bool
     """False in the core's last report, sent as its thread dies of an error."""
+    caches: dict[str, CacheStats] = field(default_factory=dict)
+    """The model's cross-session caches (`DuplexModel.cache_stats`)."""
 
 
 @dataclass(frozen=True, slots=True)

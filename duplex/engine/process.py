@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from duplex.engine import messages as m
 from duplex.engine.client import EngineClient, ModelInfo
 from duplex.engine.core import EngineConfig, EngineCore
+from models.caches import CacheBudgets
 
 log = logging.getLogger("duplex.engine")
 
@@ -47,6 +48,7 @@ class ChildSpec:
     torch_threads: int
     log_level: str | None = None
     log_format: str = "text"
+    caches: CacheBudgets = CacheBudgets()
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ def child() -> None:
         from models.registry import load_model
 
         set_torch_threads(spec.torch_threads)
-        model = load_model(spec.model_name, spec.cache_dir, spec.device)
+        model = load_model(spec.model_name, spec.cache_dir, spec.device, spec.caches)
     except Exception as exc:
         conn.send(StartFailed(str(exc)))
         return
@@ -242,7 +244,7 @@ def start_engine(spec: ChildSpec, in_process: bool) -> EngineClient:
     from models.registry import load_model
 
     set_torch_threads(spec.torch_threads)
-    model = load_model(spec.model_name, spec.cache_dir, spec.device)
+    model = load_model(spec.model_name, spec.cache_dir, spec.device, spec.caches)
     engine = Engine(model, spec.config)
     engine.start()
     return engine

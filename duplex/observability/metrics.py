@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from duplex import __version__
+from models.caches import FEATURE, PREFIX, CacheStats
 
 
 class Metrics:
@@ -64,6 +66,8 @@ class Metrics:
             "duplex_tool_calls_invalid", "Tool calls the model wrote that were not the JSON its "
             "chat template asks for (reported with their raw text)", registry=self.registry,
         )
+        self.caches = _CacheCollector()
+        self.registry.register(self.caches)
 
     def sync_engine(self, engine) -> None:
         """Move the engine's new per-stage samples and drops into the metrics, so a long-running
@@ -78,6 +82,32 @@ class Metrics:
         for drop in engine.drain_drops():
             self.dropped.labels(drop.kind, drop.reason).inc(drop.n)
         self.bytes_held.set(engine.total_bytes_held())
+        self.caches.stats = dict(engine.cache_stats)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CacheCollector:
+    """`duplex_{prefix,feature}_cache_*` from the engine's last report: the engine counts, so
+    these are its counters as they stand, not increments made here. Zero for a model without
+    the cache (echo, Moshi)."""
+
+    _COUNTERS = (("hits", "lookups that found an entry"), ("misses", "lookups that found none"),
+                 ("evictions", "entries dropped to stay within the byte budget"),
+                 ("refused", "entries not kept: no room within the budget"))
+    _WHAT = {PREFIX: "Thinker prefix (system turn) KV cache", FEATURE: "encoder feature cache"}
+
+    def __init__(self) -> None:
+        self.stats: dict[str, CacheStats] = {}
+
+    def collect(self):
+        for name, what in self._WHAT.items():
+            stats = self.stats.get(name, CacheStats())
+            for field, help_text in self._COUNTERS:
+                yield CounterMetricFamily(f"duplex_{name}_cache_{field}", f"{what}: {help_text}",
+                                          value=getattr(stats, field))
+            yield GaugeMetricFamily(f"duplex_{name}_cache_bytes", f"{what}: bytes held",
+                                    value=stats.bytes)
+            yield GaugeMetricFamily(f"duplex_{name}_cache_budget_bytes",
+                                    f"{what}: bytes it may hold", value=stats.budget_bytes)

@@ -6,6 +6,11 @@ attends under an explicit 4D mask with explicit (M-RoPE) positions, so sessions 
 differ in length share one forward with no copying of their past. Each slot records its owner and
 every call checks it, so a reused slot can never feed one session's context to another.
 
+Two caches sit beside the pools and never hold a live session's state: the prefix cache (the
+Thinker KV of system turns, `models.prefix_cache`) and the feature cache (vision encoder
+output, `models.feature_cache`). Adapters may share them; their keys carry the weights'
+fingerprint, so one model's entries never serve another.
+
 The parts live in modules of their own (listed in `models.qwen3_omni`); this one builds them
 and checks every state it is handed before any part touches it.
 """
@@ -19,7 +24,11 @@ import numpy as np
 import torch
 
 from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, ThinkerToken
+from models.caches import FEATURE, PREFIX, CacheBudgets, CacheStats
+from models.feature_cache import FeatureCache
+from models.fingerprint import fingerprint
 from models.kv import SlotKV, SlotOwnershipError
+from models.prefix_cache import PrefixCache
 from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav, offline_decode
 from models.qwen3_omni.encoders import (
     AudioEncoder,
@@ -74,7 +83,15 @@ class Qwen3OmniAdapter(DuplexModel):
         device: str = "cpu",
         dtype: str = "float32",
         options: Qwen3OmniOptions | None = None,
+        prefix_cache: PrefixCache | None = None,
+        feature_cache: FeatureCache | None = None,
     ) -> None:
+        """Without caches of its own the adapter makes them with the default budgets."""
+        budgets = CacheBudgets()
+        self.prefix_cache = (
+            PrefixCache(budgets.prefix_bytes) if prefix_cache is None else prefix_cache)
+        self.feature_cache = (
+            FeatureCache(budgets.feature_bytes) if feature_cache is None else feature_cache)
         self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
         torch_dtype = getattr(torch, self.dtype)
         self.model = _placed(model, self.device, torch_dtype)
@@ -100,6 +117,8 @@ class Qwen3OmniAdapter(DuplexModel):
             options.video_max_pixels,
             self.device,
             torch_dtype,
+            self.feature_cache,
+            fingerprint(model.thinker.model.visual, thinker_cfg.vision_config, torch_dtype),
         )
         codec = StreamingCode2Wav(model.code2wav)
         self.frame_samples = codec.frame_samples
@@ -107,10 +126,13 @@ class Qwen3OmniAdapter(DuplexModel):
             thinker=_slot_kv(thinker_cfg.text_config, self.device, torch_dtype),
             talker=_slot_kv(self.config.talker_config.text_config, self.device, torch_dtype),
             codec=Code2WavPool(codec),
+            prefix=self.prefix_cache,
         )
         self._talker = Talker(model, self._pools.talker, options, self.device, torch_dtype)
+        lm = model.thinker.model.language_model
         self._thinker = Thinker(
-            model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype
+            model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype,
+            self.prefix_cache, fingerprint(lm, thinker_cfg.text_config, torch_dtype),
         )
         self.voices = self._talker.voices
         self.default_voice = options.speaker.lower()
@@ -122,10 +144,12 @@ class Qwen3OmniAdapter(DuplexModel):
         device: str = "cpu",
         dtype: str = "float32",
         options: Qwen3OmniOptions | None = None,
+        budgets: CacheBudgets | None = None,
     ) -> Qwen3OmniAdapter:
         """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults."""
         model = load(path, device, dtype)
         options = options or Qwen3OmniOptions(**load_options(path))
+        budgets = budgets or CacheBudgets()
         return cls(
             model,
             load_tokenizer(path),
@@ -133,6 +157,8 @@ class Qwen3OmniAdapter(DuplexModel):
             device,
             dtype,
             options,
+            PrefixCache(budgets.prefix_bytes),
+            FeatureCache(budgets.feature_bytes),
         )
 
     # ---- per-session state -------------------------------------------------------------------
@@ -166,6 +192,9 @@ class Qwen3OmniAdapter(DuplexModel):
         for sess in sessions:
             sess.check()
         return sessions
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        return {PREFIX: self.prefix_cache.stats(), FEATURE: self.feature_cache.stats()}
 
     def reset_response(self, state: ModelState) -> None:
         self._session(state).end_reply()

@@ -3,11 +3,13 @@ vision tower, each a batch of sessions' inputs in one forward.
 
 Audio features are Whisper log-mels, the chunks' frames concatenated in time as the tower takes
 them. A frame is resized, normalised and cut into patches by Qwen2-VL's rules, on the model's
-device.
+device. A frame seen before is not encoded again: its features come from the feature cache
+(`models.feature_cache`), keyed by its pixels and everything below that shapes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -19,6 +21,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
+from models.feature_cache import FeatureCache, content_digest
+
 FEATURE_KEYS = (
     "feature_size",
     "sampling_rate",
@@ -29,6 +33,10 @@ FEATURE_KEYS = (
     "dither",
 )
 """The preprocessor_config.json entries that shape the audio features."""
+
+VISION_PREPROCESS = "smart_resize; bicubic antialias, clamped to 0..255; (x/255-mean)/std; v1"
+"""How `VisionEncoder.patchify` turns pixels into patches. Part of every feature cache key:
+change the text whenever that code changes, so no embedding made by the old code is reused."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,10 @@ class VisionFeatures:
     """Per deepstack layer (n, thinker hidden), added to the hidden states of the first layers."""
     grid: tuple[int, int]
     """Merged grid (h, w); n == h * w."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.embeds, *self.deepstack))
 
 
 class AudioEncoder:
@@ -81,27 +93,51 @@ class AudioEncoder:
 
 
 class VisionEncoder:
-    """RGB uint8 frames (H, W, 3) -> `VisionFeatures`, resized and patched as Qwen2-VL does."""
+    """RGB uint8 frames (H, W, 3) -> `VisionFeatures`, resized and patched as Qwen2-VL does.
 
-    def __init__(self, visual, config, preprocessor: dict, max_pixels: int, device, dtype) -> None:
+    `version` identifies the vision tower's weights (`models.fingerprint`)."""
+
+    def __init__(self, visual, config, preprocessor: dict, max_pixels: int, device, dtype,
+                 cache: FeatureCache, version: str) -> None:
         self.visual, self.max_pixels, self.device, self.dtype = visual, max_pixels, device, dtype
         self.patch = config.patch_size
         self.merge = config.spatial_merge_size
         self.temporal_patch = config.temporal_patch_size
         self.image_mean = torch.tensor(preprocessor["image_mean"], device=device)
         self.image_std = torch.tensor(preprocessor["image_std"], device=device)
+        self.cache = cache
+        settings = (version, VISION_PREPROCESS, self.patch, self.merge, self.temporal_patch,
+                    max_pixels, tuple(preprocessor["image_mean"]),
+                    tuple(preprocessor["image_std"]), str(dtype), str(device))
+        self.cache_key = hashlib.blake2b(repr(settings).encode(), digest_size=16).hexdigest()
 
     def encode(self, frames: list[np.ndarray]) -> list[VisionFeatures]:
+        """Features of each frame: from the cache where it holds them, the rest (each distinct
+        frame once) in one forward."""
+        keys = [(self.cache_key, content_digest(f)) for f in frames]
+        found: dict[tuple[str, bytes], VisionFeatures | None] = {
+            key: self.cache.get(key) for key in dict.fromkeys(keys)
+        }
+        missing = [key for key, feats in found.items() if feats is None]
+        if missing:
+            encoded = self._encode([frames[keys.index(key)] for key in missing])
+            for key, feats in zip(missing, encoded, strict=True):
+                self.cache.put(key, feats, feats.nbytes)
+                found[key] = feats
+        return [found[key] for key in keys]
+
+    def _encode(self, frames: list[np.ndarray]) -> list[VisionFeatures]:
         patches, grids = zip(*(self.patchify(f) for f in frames), strict=True)
         grid_thw = torch.tensor([[1, h, w] for h, w in grids], device=self.device)
         out = self.visual(torch.cat(patches).to(self.dtype), grid_thw=grid_thw)
         sizes = [h * w // self.merge**2 for h, w in grids]
         embeds = out.pooler_output.split(sizes)
         deep = [d.split(sizes) for d in out.deepstack_features]
+        # Copies, not views of the batch's output: a cached frame must hold its own bytes only.
         return [
             VisionFeatures(
-                embeds[i],
-                tuple(d[i] for d in deep),
+                embeds[i].clone(),
+                tuple(d[i].clone() for d in deep),
                 (grids[i][0] // self.merge, grids[i][1] // self.merge),
             )
             for i in range(len(frames))

@@ -2,7 +2,8 @@
 
 The Thinker and Talker KV and the codec carry state live in pools the adapter shares across
 sessions (`Pools`); a session holds row numbers in them, claimed on first use and given back when
-its reply ends (Talker, codec) or it closes (Thinker).
+its reply ends (Talker, codec) or it closes (Thinker). A session whose context starts from a
+prefix cache entry pins that entry until it closes; its own rows hold a copy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models.kv import SlotKV, tensor_bytes
+from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
 
 OTHER, USER, PREFIX = 0, 1, 2
@@ -24,6 +26,7 @@ class Pools:
     thinker: SlotKV
     talker: SlotKV
     codec: Code2WavPool
+    prefix: PrefixCache
 
 
 @dataclass
@@ -50,6 +53,10 @@ class Session:
     """Leading Thinker positions (the system prompt) that eviction never drops."""
     system: str | None = None
     """The system turn the context holds last (instructions and tools), as rendered."""
+    head: tuple[int, ...] = ()
+    """The token ids of the context's head (its first `keep` positions), while not forwarded."""
+    prefix: PrefixKey | None = None
+    """The prefix cache entry this session pins (its context's head), if any."""
     voice: str = ""
     temperature: float | None = None
     """This reply's; None for the adapter's own Thinker sampling."""
@@ -112,6 +119,8 @@ class Session:
         self.end_reply()
         if self.thinker_slot is not None:
             self.pools.thinker.release(self.thinker_slot, self.sid)
-        self.thinker_slot = None
+        if self.prefix is not None:
+            self.pools.prefix.release(self.prefix)
+        self.thinker_slot, self.prefix = None, None
         self.pending.clear()
         self.talker_ctx.clear()

@@ -5,6 +5,10 @@ New positions wait in a session as pieces (text, audio or image embeddings with 
 positions) until the next forward, which takes every session's pieces at once. A user turn opens
 with the first input after a reply and closes at `begin`; input during a reply ends that reply's
 text. Every forward hands the Talker the positions it conditions on.
+
+A context's head (the system turn set before any input) is computed once per model version
+and token sequence: the first session to forward it stores its KV in the prefix cache, later
+ones copy it into their slot instead of computing it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from models.base import TextTurn, ThinkerToken
 from models.kv import SlotKV
+from models.prefix_cache import PrefixCache
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
@@ -38,7 +43,10 @@ class Thinker:
         options: Qwen3OmniOptions,
         device,
         dtype,
+        prefix_cache: PrefixCache,
+        version: str,
     ) -> None:
+        """`version` identifies the language model's weights (`models.fingerprint`)."""
         self.module = model.thinker
         self.lm = model.thinker.model.language_model
         self.tokenizer = tokenizer
@@ -48,6 +56,9 @@ class Thinker:
         self.eos_ids = sorted(self.ids["eos"])
         vocab = model.config.thinker_config.text_config.vocab_size
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
+        self.prefix_cache, self.version = prefix_cache, version
+        self.positions = 0
+        """Positions computed by forwards since the Thinker was made (prefix cache hits not)."""
 
     def start(self, sess: Session) -> None:
         """Open a new session's context with the server's own system prompt, if it has one."""
@@ -69,7 +80,7 @@ class Thinker:
             return
         head = sess.next_pos == sess.keep
         if head:
-            sess.pending, sess.next_pos, sess.keep = [], 0, 0
+            sess.pending, sess.next_pos, sess.keep, sess.head = [], 0, 0, ()
         sess.system = text
         if not text:
             return
@@ -79,7 +90,7 @@ class Thinker:
                   ids["newline"]]
         self.push_text(sess, tokens, OTHER)
         if head:
-            sess.keep = len(tokens)
+            sess.keep, sess.head = len(tokens), tuple(tokens)
 
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
@@ -173,13 +184,35 @@ class Thinker:
         sess.talker_done = False
 
     def forward(self, sessions: list[Session]) -> torch.Tensor:
+        """Every session's pending pieces forwarded -> each row's last hidden state.
+
+        One forward, or two when sessions of the batch open with the same head that the cache
+        does not hold yet: the first session computes it in the first forward, the others
+        copy it from the cache for the second instead of computing it again."""
+        later, computing = [], set()
+        for sess in sessions:
+            if sess.thinker_slot is None and sess.head and self.prefix_cache.enabled:
+                prefix = (self.version, sess.head)
+                if prefix in computing:
+                    later.append(sess)
+                elif prefix not in self.prefix_cache:
+                    computing.add(prefix)
+        if not later:
+            return self._forward(sessions)
+        deferred = {id(sess) for sess in later}
+        first = [sess for sess in sessions if id(sess) not in deferred]
+        rows = torch.cat([self._forward(first), self._forward(later)])
+        order = {id(sess): i for i, sess in enumerate(first + later)}
+        return rows[torch.tensor([order[id(sess)] for sess in sessions], device=rows.device)]
+
+    def _forward(self, sessions: list[Session]) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
         opts = self.options
+        heads = [sess for sess in sessions if sess.thinker_slot is None and self._open_slot(sess)]
         pieces = [sess.pending for sess in sessions]
         new = [sum(p.embeds.shape[0] for p in row) for row in pieces]
+        self.positions += sum(new)
         for sess, n in zip(sessions, new, strict=True):
-            if sess.thinker_slot is None:
-                sess.thinker_slot = self.kv.acquire(sess.sid)
             length = self.kv.length[sess.thinker_slot]
             if length + n > opts.max_context:
                 room = opts.max_context - sess.keep
@@ -228,12 +261,32 @@ class Thinker:
             output_hidden_states=[accept] if capture else False,
         )
         kv.commit()
+        for sess in heads:
+            prefix = (self.version, sess.head)
+            if self.prefix_cache.keep(prefix, self.kv.read(sess.thinker_slot, sess.keep)):
+                sess.prefix = prefix
         for sess in sessions:
-            sess.pending = []
+            sess.pending, sess.head = [], ()
         accepted = out.hidden_states[accept] if capture else None
         self.talker.take_context(sessions, embeds, accepted, role, multimodal, user_mm)
         last = torch.tensor(new, device=self.device) - 1
         return out.last_hidden_state[torch.arange(batch, device=self.device), last]
+
+    def _open_slot(self, sess: Session) -> bool:
+        """Give a session its KV slot; True when its head is still to be computed (and then
+        kept in the prefix cache), False when there is none or the cache held it."""
+        sess.thinker_slot = self.kv.acquire(sess.sid)
+        if not sess.head:
+            return False
+        prefix = (self.version, sess.head)
+        cached = self.prefix_cache.take(prefix)
+        if cached is None:
+            return True
+        self.kv.write(sess.thinker_slot, cached)
+        sess.prefix = prefix
+        # The head is the first piece pushed (`_system_turn`), and never shares it.
+        sess.pending.pop(0)
+        return False
 
     def decode(self, sessions: list[Session]) -> list[ThinkerToken]:
         active = [s for s in sessions if s.responding and not s.thinker_done]

@@ -4,6 +4,7 @@ text-only reply that runs no Talker, voices, and errors after which the session 
 
 import asyncio
 import json
+import os
 import re
 
 import httpx
@@ -87,7 +88,8 @@ async def test_a_tool_round_trip_with_the_echo_oracle(server_process):
 
 
 async def test_greedy_replies_follow_the_instructions(server_process, tiny_omni_dir):
-    server = server_process("--model", str(tiny_omni_dir))
+    env = {**os.environ, "DUPLEX_CACHES__PREFIX_BYTES": "50000000"}
+    server = server_process("--model", str(tiny_omni_dir), env=env)
 
     async def reply(instructions: str) -> str:
         async with client_for(server).realtime.connect(model="tiny") as conn:
@@ -102,6 +104,14 @@ async def test_greedy_replies_follow_the_instructions(server_process, tiny_omni_
     other = await reply("You are a lawyer who answers in French.")
     assert first == again and first
     assert other != first
+    # The second pirate's context opened with the first's system turn, from the prefix cache.
+    def with_hit() -> str:
+        text = httpx.get(f"{server.url}/metrics").text
+        return text if "duplex_prefix_cache_hits_total 1.0" in text else ""
+
+    text = await eventually(with_hit, "the prefix cache hit reaches /metrics")
+    assert "duplex_prefix_cache_misses_total 2.0" in text
+    assert "duplex_prefix_cache_budget_bytes 5e+07" in text
 
 
 async def test_a_text_only_reply_has_no_audio_and_runs_no_talker(server_process, tiny_omni_dir):
