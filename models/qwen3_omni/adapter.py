@@ -74,6 +74,7 @@ class Qwen3OmniAdapter(DuplexModel):
         device: str = "cpu",
         dtype: str = "float32",
         options: Qwen3OmniOptions | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
         torch_dtype = getattr(torch, self.dtype)
@@ -108,7 +109,9 @@ class Qwen3OmniAdapter(DuplexModel):
             talker=_slot_kv(self.config.talker_config.text_config, self.device, torch_dtype),
             codec=Code2WavPool(codec),
         )
-        self._talker = Talker(model, self._pools.talker, options, self.device, torch_dtype)
+        self._talker = Talker(
+            model, self._pools.talker, options, self.device, torch_dtype, cuda_graphs
+        )
         self._thinker = Thinker(
             model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype
         )
@@ -122,8 +125,10 @@ class Qwen3OmniAdapter(DuplexModel):
         device: str = "cpu",
         dtype: str = "float32",
         options: Qwen3OmniOptions | None = None,
+        cuda_graphs: bool = False,
     ) -> Qwen3OmniAdapter:
-        """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults."""
+        """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults.
+        `cuda_graphs`: the code predictor's per-frame loop as CUDA graphs, on a CUDA device."""
         model = load(path, device, dtype)
         options = options or Qwen3OmniOptions(**load_options(path))
         return cls(
@@ -133,6 +138,7 @@ class Qwen3OmniAdapter(DuplexModel):
             device,
             dtype,
             options,
+            cuda_graphs,
         )
 
     # ---- per-session state -------------------------------------------------------------------
