@@ -130,14 +130,16 @@ class StaticResidual:
                 use_cache=True,
             ).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()
-            self.codes[:, k + 1].copy_(self._draw(logits, self.noise[:, k]))
+            self.codes[:, k + 1].copy_(gumbel_draw(logits, self.noise[:, k], self.sampling))
 
-    def _draw(self, logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        if self.sampling.temperature <= 0:
-            return logits.argmax(-1)
-        # argmax(logits + Gumbel) is a draw from softmax(logits); -inf logits never win.
-        gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(noise.dtype).tiny)))
-        return (filtered(logits, self.sampling) + gumbel).argmax(-1)
+
+def gumbel_draw(logits: torch.Tensor, noise: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """(B, V) logits and (B, V) uniform noise -> (B,) ids drawn as `sample` draws them, without
+    a host sync: argmax(logits + Gumbel noise) is a draw from softmax(logits)."""
+    if sampling.temperature <= 0:
+        return logits.argmax(-1)
+    gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(noise.dtype).tiny)))
+    return (filtered(logits, sampling) + gumbel).argmax(-1)
 
 
 class GraphedResidual:
