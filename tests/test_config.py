@@ -47,3 +47,13 @@ def test_missing_and_malformed_files(tmp_path):
     broken.write_text("[server\n")
     with pytest.raises(ConfigError, match="broken.toml: not valid TOML"):
         load_settings(broken, environ={})
+
+
+def test_cuda_graphs_and_dtype_reach_the_engine(monkeypatch):
+    from duplex.server import engine_spec
+
+    default = engine_spec(load_settings())
+    assert (default.cuda_graphs, default.dtype) == (False, "auto")
+    monkeypatch.setenv("DUPLEX_ENGINE__CUDA_GRAPHS", "true")
+    spec = engine_spec(load_settings(cli={"model": {"dtype": "bfloat16"}}))
+    assert (spec.cuda_graphs, spec.dtype) == (True, "bfloat16")
