@@ -21,6 +21,7 @@ from models.qwen3_omni.graphs import (
 from models.qwen3_omni.options import filtered
 from models.qwen3_omni.tiny import build_tiny, load_preprocessor
 
+ARGMAX = Sampling(0.0)
 GREEDY = Qwen3OmniOptions(
     min_text_tokens=2, max_text_tokens=4, min_frames=3, max_frames=4,
     talker_sampling=Sampling(0.0), residual_sampling=Sampling(0.0),
@@ -37,7 +38,7 @@ def adapter(checkpoint):
     return Qwen3OmniAdapter.from_pretrained(checkpoint, options=GREEDY)
 
 
-def static(talker, batch: int, sampling: Sampling = Sampling(0.0)) -> StaticResidual:
+def static(talker, batch: int, sampling: Sampling = ARGMAX) -> StaticResidual:
     return StaticResidual(talker.predictor, talker.module.get_input_embeddings(),
                           talker.num_codes, batch, sampling, "cpu", torch.float32)
 
