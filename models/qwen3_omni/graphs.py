@@ -182,7 +182,9 @@ class GraphedResidual:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: work other threads of the process put on the GPU meanwhile does
+            # not invalidate this capture.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 static.run()
         except Exception as exc:  # noqa: BLE001 - any failed capture leaves the eager path
             log.warning("code predictor CUDA graph capture failed (batch %d), eager from now: %s",
