@@ -200,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         metavar="NAME|PATH",
-        help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory; "
-        "tiny models are built on first use",
+        help="echo, tiny-omni (default), tiny-moshi, a local checkpoint directory, or "
+        f"{SHAPED}[:LAYERS]; tiny models are built on first use",
     )
     serve.add_argument(
         "--redis-url",

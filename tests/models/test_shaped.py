@@ -125,3 +125,9 @@ def test_a_one_layer_checkpoint_loads_and_replies(tmp_path, capsys):
     assert np.abs(pcm).max() > 0
     model.free(state)
     assert model.bytes_held(state) == 0
+
+
+def test_shaped_options_are_refused_for_a_tiny_model(tmp_path, capsys):
+    assert main(["models", "build", "tiny-omni", "--layers", "2", "--cache-dir", str(tmp_path)]) == 2
+    assert SHAPED in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
