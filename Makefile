@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TEST_SYSTEM_PACKAGES := chromium redis-server espeak-ng
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test test-fast bench lint system-deps
+.PHONY: serve test test-fast bench bench-gpu lint system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -47,6 +47,17 @@ test-fast: $(VENV)/.test system-deps
 bench: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing
 	$(VENV)/bin/duplex bench --baseline per-session
+
+# On a CUDA machine (pip's torch==2.13.0 for Linux is the CUDA build): Qwen3-Omni-30B-A3B's
+# widths at full depth with random weights, built in GPU memory when the engine starts (its
+# 66 GiB checkpoint need not fit on the disk), in bf16 with the code predictor as CUDA graphs;
+# the largest real-time session counts of batched and per-session modes go to BENCH_GPU_JSON.
+BENCH_GPU_JSON ?= bench-gpu.json
+bench-gpu: $(VENV)/.runtime
+	@$(PY) -c "import sys, torch; sys.exit(None if torch.cuda.is_available() else \
+	  'bench-gpu needs a CUDA device; torch ' + torch.__version__ + ' sees none')"
+	DUPLEX_ENGINE__CUDA_GRAPHS=true $(VENV)/bin/duplex bench --model shaped:qwen3-omni-30b-a3b \
+	  --dtype bfloat16 --find-max --duration 8 --max-sessions 64 --json $(BENCH_GPU_JSON)
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .

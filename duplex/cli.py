@@ -6,18 +6,28 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
 from duplex.engine.process import EngineStartFailed
-from models.registry import TINY, ModelNotFound, build_tiny, checkpoint_config, tiny_path
+from models.registry import (
+    SHAPED,
+    TINY,
+    ModelNotFound,
+    build_tiny,
+    checkpoint_config,
+    is_shaped,
+    tiny_path,
+)
 
 
 def resolve_model(name: str, cache_dir: str) -> None:
     """Make sure `--model NAME|PATH` has a checkpoint before any server or engine starts: a
-    built-in tiny model is built on first use; a PATH that does not exist raises ModelNotFound."""
-    if name == "echo":
+    built-in tiny model is built on first use; a PATH that does not exist raises ModelNotFound.
+    A shaped model is built in memory when it loads."""
+    if name == "echo" or is_shaped(name):
         return
     if name in TINY:
         path = tiny_path(name, cache_dir)
@@ -101,6 +111,8 @@ def _bench(args: argparse.Namespace) -> int:
         torch_threads=settings.engine.torch_threads,
         scheduler={"max_batch": settings.engine.max_batch, "audio_lead_s": settings.engine.audio_lead_s},
         in_process=not settings.engine.process,
+        dtype=args.dtype or settings.model.dtype,
+        cuda_graphs=settings.engine.cuda_graphs,
     )
     print(table(report))
     if args.json:
@@ -115,6 +127,11 @@ def _models_build(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     cache_dir = args.cache_dir or settings.model.cache_dir
+    if args.name == SHAPED:
+        return _build_shaped(args, cache_dir)
+    if args.layers is not None or args.output is not None or args.dtype is not None:
+        print(f"duplex: --layers, --output and --dtype are for {SHAPED}", file=sys.stderr)
+        return 2
     path = tiny_path(args.name, cache_dir)
     if args.if_missing and (path / "config.json").is_file():
         print(f"{path} already exists")
@@ -130,11 +147,40 @@ def _models_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_shaped(args: argparse.Namespace, cache_dir: str) -> int:
+    import torch
+
+    from models.qwen3_omni.shaped import build_shaped, default_path
+
+    if args.layers is not None and args.layers < 1:
+        print("duplex: --layers must be at least 1", file=sys.stderr)
+        return 2
+    path = args.output or default_path(cache_dir, args.layers)
+    if args.if_missing and (Path(path) / "config.json").is_file():
+        print(f"{path} already exists")
+        return 0
+    with _quiet_transformers():
+        sizes = build_shaped(
+            path,
+            args.layers,
+            getattr(torch, args.dtype or "bfloat16"),
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    width = max(len(s.name) for s in sizes)
+    for size in sizes:
+        print(f"{size.name.ljust(width)}  {size.parameters:>14,} parameters  "
+              f"{size.bytes / 2**30:7.2f} GiB")
+    print(f"built {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
         description="Real-time full-duplex voice/video session server for Thinker-Talker models.",
-        epilog="Models (--model): echo, tiny-omni, tiny-moshi, or a local checkpoint directory. "
+        epilog="Models (--model): echo, tiny-omni, tiny-moshi, a local checkpoint directory, or "
+        f"{SHAPED}[:LAYERS] (Qwen3-Omni-30B-A3B's widths, random weights built in memory on the "
+        "serving device at start). "
         "serve and bench build tiny-omni and tiny-moshi on first use into the model directory, "
         "model.cache_dir: .models by default; DUPLEX_MODEL__CACHE_DIR=DIR (or cache_dir under "
         "[model] in a --config file) puts them elsewhere.",
@@ -158,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         metavar="NAME|PATH",
-        help="echo, tiny-omni (default), tiny-moshi, or a local checkpoint directory; "
-        "tiny models are built on first use",
+        help="echo, tiny-omni (default), tiny-moshi, a local checkpoint directory, or "
+        f"{SHAPED}[:LAYERS]; tiny models are built on first use",
     )
     serve.add_argument(
         "--redis-url",
@@ -187,19 +233,38 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--api-key", help="Bearer key, when the server requires one")
     call.set_defaults(func=_call)
 
-    models = sub.add_parser("models", help="build the tiny random-weight checkpoints")
+    models = sub.add_parser("models", help="build random-weight checkpoints")
     models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     build = models_sub.add_parser(
         "build",
-        help="build a tiny checkpoint (tiny-omni, tiny-moshi)",
-        description="Build a tiny random-weight checkpoint of the real architecture and save it "
+        help=f"build a random-weight checkpoint (tiny-omni, tiny-moshi, {SHAPED})",
+        description="Build a random-weight checkpoint of the real architecture and save it "
         "with save_pretrained under the model cache dir. It says nothing meaningful; it "
-        "exercises every stage.",
+        f"exercises every stage. {SHAPED} has Qwen3-Omni-30B-A3B's published widths (35 B "
+        "parameters, 66 GiB in bf16 at full depth); --layers N caps the Thinker, the audio "
+        "and vision encoders and the Talker at N layers, so that it fits (N=1: 1.9 B "
+        "parameters, 3.5 GiB), and it serves with --model PATH.",
     )
-    build.add_argument("name", choices=["tiny-omni", "tiny-moshi"])
+    build.add_argument("name", choices=["tiny-omni", "tiny-moshi", SHAPED])
     build.add_argument("--config", metavar="FILE")
     build.add_argument("--cache-dir", help="default: model.cache_dir from the config (.models)")
     build.add_argument("--if-missing", action="store_true", help="do nothing if it already exists")
+    build.add_argument(
+        "--layers",
+        type=int,
+        metavar="N",
+        help=f"{SHAPED}: at most N layers per deep stack (default: the published depth)",
+    )
+    build.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        help=f"{SHAPED}: weight dtype on disk (default bfloat16, as published)",
+    )
+    build.add_argument(
+        "--output",
+        metavar="PATH",
+        help=f"{SHAPED}: where to write it (default: CACHE_DIR/shaped-qwen3-omni-30b-a3b[-Nl])",
+    )
     build.set_defaults(func=_models_build)
 
     bench = sub.add_parser(
@@ -228,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="find the largest real-time N for batched and per-session modes; ratio = their quotient",
     )
     bench.add_argument("--max-sessions", type=int, default=128, help="upper bound for --find-max")
+    bench.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model weights and activations (default: model.dtype; auto is bfloat16 on a GPU, "
+        "float32 on the CPU)",
+    )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

@@ -40,6 +40,8 @@ class ModelSettings(_Section):
     cache_dir: str = ".models"
     """Where the tiny random-weight checkpoints are built and found."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: bfloat16 on a GPU, float32 on the CPU."""
 
 
 class EngineSettings(_Section):
@@ -54,6 +56,9 @@ class EngineSettings(_Section):
     process: bool = True
     """Run the model and engine in a child process (its own interpreter lock); false keeps
     them on a thread of the server process."""
+    cuda_graphs: bool = False
+    """Replay the fixed-shape decode steps (Qwen3-Omni's code predictor) as CUDA graphs; only
+    on a CUDA device, ignored on the CPU."""
 
 
 class CacheSettings(_Section):

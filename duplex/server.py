@@ -41,6 +41,27 @@ WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
 log = logging.getLogger("duplex.server")
 
 
+def engine_spec(settings: Settings) -> ChildSpec:
+    """What the engine is started with: the model and engine sections of the settings."""
+    es = settings.engine
+    return ChildSpec(
+        model_name=settings.model.name,
+        cache_dir=settings.model.cache_dir,
+        device=settings.model.device,
+        config=EngineConfig(
+            max_sessions=es.max_sessions,
+            max_load=es.max_load,
+            scheduler=SchedulerConfig(max_batch=es.max_batch, audio_lead_s=es.audio_lead_s),
+        ),
+        torch_threads=es.torch_threads,
+        log_level=settings.server.log_level,
+        log_format=settings.server.log_format,
+        caches=CacheBudgets(settings.caches.prefix_bytes, settings.caches.feature_bytes),
+        dtype=settings.model.dtype,
+        cuda_graphs=es.cuda_graphs,
+    )
+
+
 def create_app(settings: Settings) -> Starlette:
     hub = SessionHub()
     ss = settings.store
@@ -83,20 +104,7 @@ def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
         es = settings.engine
-        spec = ChildSpec(
-            model_name=settings.model.name,
-            cache_dir=settings.model.cache_dir,
-            device=settings.model.device,
-            config=EngineConfig(
-                max_sessions=es.max_sessions,
-                max_load=es.max_load,
-                scheduler=SchedulerConfig(max_batch=es.max_batch, audio_lead_s=es.audio_lead_s),
-            ),
-            torch_threads=es.torch_threads,
-            log_level=settings.server.log_level,
-            log_format=settings.server.log_format,
-            caches=CacheBudgets(settings.caches.prefix_bytes, settings.caches.feature_bytes),
-        )
+        spec = engine_spec(settings)
         engine = await asyncio.to_thread(start_engine, spec, not es.process)
         ts = settings.transcription
         transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)

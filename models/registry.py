@@ -9,21 +9,40 @@ from models.base import DuplexModel
 from models.caches import CacheBudgets
 
 TINY = {"tiny-omni": "qwen3_omni_moe", "tiny-moshi": "moshi"}
+SHAPED = "shaped:qwen3-omni-30b-a3b"
+"""Built in memory on the serving device at load, at full depth or `SHAPED:LAYERS`: a checkpoint
+of the full model (70 GB) need not fit on the disk. `duplex models build` writes one instead."""
 
 
 class ModelNotFound(Exception):
     pass
 
 
-def select_device(preference: str = "auto") -> tuple[str, str]:
-    """(device, dtype): cuda with bf16 when present, cpu with fp32 otherwise."""
+def select_device(preference: str = "auto", dtype: str = "auto") -> tuple[str, str]:
+    """(device, dtype): cuda with bf16 when present, cpu with fp32 otherwise; a `dtype` other
+    than auto is kept."""
     import torch
 
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ModelNotFound("device 'cuda' was asked for but no CUDA device is present")
-        return "cuda", "bfloat16"
-    return "cpu", "float32"
+        return "cuda", "bfloat16" if dtype == "auto" else dtype
+    return "cpu", "float32" if dtype == "auto" else dtype
+
+
+def shaped_layers(name: str) -> int | None:
+    """The layer cap a shaped model's name asks for (None: full depth); raises ModelNotFound
+    for a name that is not a shaped model's."""
+    head, _, layers = name.partition(f"{SHAPED}:")
+    if name == SHAPED:
+        return None
+    if head or not layers.isdigit() or int(layers) < 1:
+        raise ModelNotFound(f"'{name}' is not {SHAPED} or {SHAPED}:LAYERS (LAYERS >= 1)")
+    return int(layers)
+
+
+def is_shaped(name: str) -> bool:
+    return name == SHAPED or name.startswith(f"{SHAPED}:")
 
 
 def tiny_path(name: str, cache_dir: str | Path) -> Path:
@@ -60,20 +79,34 @@ def checkpoint_config(name: str, cache_dir: str | Path = ".models") -> Path:
     return config
 
 
-def load_model(name: str, cache_dir: str | Path = ".models", device: str = "auto",
-               budgets: CacheBudgets | None = None) -> DuplexModel:
+def load_model(
+    name: str,
+    cache_dir: str | Path = ".models",
+    device: str = "auto",
+    dtype: str = "auto",
+    cuda_graphs: bool = False,
+    budgets: CacheBudgets | None = None,
+) -> DuplexModel:
+    """`cuda_graphs` lets a Qwen3-Omni adapter on a CUDA device replay its fixed-shape decode
+    steps as CUDA graphs; elsewhere it changes nothing. `budgets`: the cross-session caches'."""
     if name == "echo":
         from models.echo import EchoModel
 
         return EchoModel()
+    dev, dtype = select_device(device, dtype)
+    if is_shaped(name):
+        from models.qwen3_omni.shaped import load_shaped
+
+        return load_shaped(shaped_layers(name), dev, dtype, cuda_graphs)
     config = checkpoint_config(name, cache_dir)
     path = config.parent
     model_type = json.loads(config.read_text()).get("model_type")
-    dev, dtype = select_device(device)
     if model_type == "qwen3_omni_moe":
         from models.qwen3_omni.adapter import Qwen3OmniAdapter
 
-        return Qwen3OmniAdapter.from_pretrained(path, device=dev, dtype=dtype, budgets=budgets)
+        return Qwen3OmniAdapter.from_pretrained(
+            path, device=dev, dtype=dtype, cuda_graphs=cuda_graphs, budgets=budgets
+        )
     if model_type == "moshi":
         from models.moshi.adapter import MoshiAdapter
 

@@ -182,3 +182,12 @@ def test_a_lease_must_outlive_its_renewal_and_fit_the_retention():
     assert load_settings(environ={**base, "DUPLEX_STORE__RETENTION_S": "5"}).limits.lease_s == 10
     assert load_settings(environ={"DUPLEX_LIMITS__LEASE_S": "1",
                                   "DUPLEX_LIMITS__SESSIONS": "10"}).limits.lease_s == 1
+
+def test_cuda_graphs_and_dtype_reach_the_engine(monkeypatch):
+    from duplex.server import engine_spec
+
+    default = engine_spec(load_settings())
+    assert (default.cuda_graphs, default.dtype) == (False, "auto")
+    monkeypatch.setenv("DUPLEX_ENGINE__CUDA_GRAPHS", "true")
+    spec = engine_spec(load_settings(cli={"model": {"dtype": "bfloat16"}}))
+    assert (spec.cuda_graphs, spec.dtype) == (True, "bfloat16")

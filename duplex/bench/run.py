@@ -241,14 +241,16 @@ async def find_max(engine, vad, duration_s: float, limit: int, log, label: str) 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
-          scheduler: dict | None = None, in_process: bool = False) -> dict:
+          scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
+          cuda_graphs: bool = False) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
-    thread (engine.process = false): the engine settings the server uses."""
+    thread (engine.process = false): the engine settings the server uses. `dtype` and
+    `cuda_graphs` as model.dtype and engine.cuda_graphs."""
     vad = VadService()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
     codec_ratio = None
-    model_name_seen = device = None
+    model_name_seen = device = dtype_seen = None
     try:
         wanted = (("batched", True), ("baseline", False)) if find or baseline else (("batched", True),)
         for mode, batching in wanted:
@@ -258,10 +260,13 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 EngineConfig(max_sessions=max(limit, sessions), max_load=math.inf,
                              batching=batching, scheduler=SchedulerConfig(**(scheduler or {}))),
                 torch_threads,
+                dtype=dtype,
+                cuda_graphs=cuda_graphs,
             )
             engine = start_engine(spec, in_process)
             try:
-                model_name_seen, device = engine.model.name, engine.model.device
+                model = engine.model
+                model_name_seen, device, dtype_seen = model.name, model.device, model.dtype
                 if find:
                     n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode))
                     result = result or asyncio.run(run_mode(engine, vad, 1, duration_s))
@@ -288,6 +293,8 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     return {
         "model": model_name_seen,
         "device": device,
+        "dtype": dtype_seen,
+        "cuda_graphs": cuda_graphs,
         "torch_threads": resolve_torch_threads(torch_threads),
         "engine": "thread" if in_process else "process",
         "duration_s": duration_s,
@@ -325,7 +332,8 @@ def table(report: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
-        f"model {report['model']} on {report['device']} ({report['torch_threads']} torch threads, "
+        f"model {report['model']} on {report['device']} in {report['dtype']} "
+        f"({report['torch_threads']} torch threads, "
         f"engine in a {report['engine']}); "
         f"ratio batched/baseline: {report['ratio']}"
     )

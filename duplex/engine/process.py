@@ -49,6 +49,8 @@ class ChildSpec:
     log_level: str | None = None
     log_format: str = "text"
     caches: CacheBudgets = CacheBudgets()
+    dtype: str = "auto"
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,10 +198,9 @@ def child() -> None:
         configure(spec.log_level, spec.log_format)
     try:
         from duplex.engine.engine import set_torch_threads
-        from models.registry import load_model
 
         set_torch_threads(spec.torch_threads)
-        model = load_model(spec.model_name, spec.cache_dir, spec.device, spec.caches)
+        model = load_spec(spec)
     except Exception as exc:
         conn.send(StartFailed(str(exc)))
         return
@@ -230,6 +231,14 @@ def child() -> None:
         core.stop()
 
 
+def load_spec(spec: ChildSpec):
+    from models.registry import load_model
+
+    return load_model(
+        spec.model_name, spec.cache_dir, spec.device, spec.dtype, spec.cuda_graphs, spec.caches
+    )
+
+
 def start_engine(spec: ChildSpec, in_process: bool) -> EngineClient:
     """A started engine: in a child process, or (in_process) on a thread of this one."""
     from duplex.engine.engine import Engine, set_torch_threads
@@ -241,10 +250,8 @@ def start_engine(spec: ChildSpec, in_process: bool) -> EngineClient:
         # with the engine process for the cores.
         set_torch_threads(1)
         return engine
-    from models.registry import load_model
-
     set_torch_threads(spec.torch_threads)
-    model = load_model(spec.model_name, spec.cache_dir, spec.device, spec.caches)
+    model = load_spec(spec)
     engine = Engine(model, spec.config)
     engine.start()
     return engine

@@ -9,4 +9,6 @@
 - `talker`: codec frames from the Talker and its code predictor, fed as generate() feeds them.
 - `codec`: exact frame-by-frame streaming Code2Wav, its state in rows of a pool.
 - `tiny`: a tiny random-weight checkpoint, and offline loading of any checkpoint.
+- `shaped`: random weights at Qwen3-Omni-30B-A3B's published widths, deep stacks cut to fit.
+- `graphs`: the code predictor's per-frame loop in fixed buffers, as CUDA graphs on a GPU.
 """

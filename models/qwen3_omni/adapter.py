@@ -85,6 +85,7 @@ class Qwen3OmniAdapter(DuplexModel):
         options: Qwen3OmniOptions | None = None,
         prefix_cache: PrefixCache | None = None,
         feature_cache: FeatureCache | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         """Without caches of its own the adapter makes them with the default budgets."""
         budgets = CacheBudgets()
@@ -128,7 +129,9 @@ class Qwen3OmniAdapter(DuplexModel):
             codec=Code2WavPool(codec),
             prefix=self.prefix_cache,
         )
-        self._talker = Talker(model, self._pools.talker, options, self.device, torch_dtype)
+        self._talker = Talker(
+            model, self._pools.talker, options, self.device, torch_dtype, cuda_graphs
+        )
         lm = model.thinker.model.language_model
         self._thinker = Thinker(
             model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype,
@@ -145,8 +148,10 @@ class Qwen3OmniAdapter(DuplexModel):
         dtype: str = "float32",
         options: Qwen3OmniOptions | None = None,
         budgets: CacheBudgets | None = None,
+        cuda_graphs: bool = False,
     ) -> Qwen3OmniAdapter:
-        """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults."""
+        """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults.
+        `cuda_graphs`: the code predictor's per-frame loop as CUDA graphs, on a CUDA device."""
         model = load(path, device, dtype)
         options = options or Qwen3OmniOptions(**load_options(path))
         budgets = budgets or CacheBudgets()
@@ -159,6 +164,7 @@ class Qwen3OmniAdapter(DuplexModel):
             options,
             PrefixCache(budgets.prefix_bytes),
             FeatureCache(budgets.feature_bytes),
+            cuda_graphs,
         )
 
     # ---- per-session state -------------------------------------------------------------------

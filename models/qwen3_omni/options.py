@@ -45,6 +45,13 @@ def sample(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator]
     """(B, V) float logits -> (B,) ids; each row draws from its own session's generator."""
     if sampling.temperature <= 0:
         return logits.argmax(-1)
+    probs = filtered(logits, sampling).softmax(-1)
+    return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)])
+
+
+def filtered(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Logits scaled by the temperature, -inf outside the top-k and top-p sets. Fixed shapes and
+    no host sync, so a CUDA graph can hold it."""
     logits = logits / sampling.temperature
     if sampling.top_k:
         kth = logits.topk(min(sampling.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
@@ -55,8 +62,7 @@ def sample(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator]
         # Keep the smallest prefix whose mass reaches top_p, always at least the best token.
         drop = cum - sorted_logits.softmax(-1) >= sampling.top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -math.inf))
-    probs = logits.softmax(-1)
-    return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)])
+    return logits
 
 
 def sample_rows(logits: torch.Tensor, samplings: list[Sampling],

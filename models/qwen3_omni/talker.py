@@ -17,12 +17,14 @@ from transformers import DynamicCache
 
 from models.base import TalkerFrame, ThinkerToken
 from models.kv import SlotKV
+from models.qwen3_omni.graphs import residual_graphs
 from models.qwen3_omni.options import Qwen3OmniOptions, sample
 from models.qwen3_omni.session import PREFIX, USER, Session
 
 
 class Talker:
-    def __init__(self, model, kv: SlotKV, options: Qwen3OmniOptions, device, dtype) -> None:
+    def __init__(self, model, kv: SlotKV, options: Qwen3OmniOptions, device, dtype,
+                 cuda_graphs: bool = False) -> None:
         config = model.config.talker_config
         self.module = model.talker
         self.predictor = model.talker.code_predictor
@@ -41,6 +43,10 @@ class Talker:
         }
         if options.speaker.lower() not in self._prefixes:
             raise ValueError(f"unknown speaker {options.speaker!r}; have {list(self.voices)}")
+        self.graphs = residual_graphs(
+            self.predictor, self.module.get_input_embeddings(), self.num_codes,
+            options.residual_sampling, device, dtype, cuda_graphs,
+        )
 
     def conditioning(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker input embeddings of reply tokens -> the Talker's text input for them."""
@@ -192,6 +198,10 @@ class Talker:
 
     def _residual_codes(self, hidden: torch.Tensor, first: torch.Tensor, gens) -> torch.Tensor:
         """Codebooks 1..Q-1 from the code predictor, for all rows at once -> (B, Q)."""
+        if self.graphs is not None:
+            codes = self.graphs(hidden, first, gens)
+            if codes is not None:
+                return codes
         predictor = self.predictor
         cache = DynamicCache(config=predictor.config)
         x = torch.stack([hidden, self.module.get_input_embeddings()(first)], dim=1)

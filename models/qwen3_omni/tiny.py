@@ -204,10 +204,16 @@ def tiny_model() -> Qwen3OmniMoeForConditionalGeneration:
     config = tiny_omni_config()
     torch.manual_seed(SEED)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-    # transformers' _init_weights covers the Thinker's MoE blocks but not the Talker's: its
-    # experts stay torch.empty (whatever memory held) and its routers all-zero.
-    std = config.talker_config.initializer_range
+    fix_random_init(model)
+    return model
+
+
+def fix_random_init(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """Give the parts transformers' init leaves unusable weights that behave like trained ones."""
+    std = model.config.talker_config.initializer_range
     with torch.no_grad():
+        # transformers' _init_weights covers the Thinker's MoE blocks but not the Talker's: its
+        # experts stay torch.empty (whatever memory held) and its routers all-zero.
         for layer in model.talker.model.layers:
             for param in (
                 layer.mlp.experts.gate_up_proj,
@@ -223,7 +229,6 @@ def tiny_model() -> Qwen3OmniMoeForConditionalGeneration:
         last = model.code2wav.decoder[-1].conv
         last.weight.mul_(CODEC_OUTPUT_GAIN)
         last.bias.mul_(CODEC_OUTPUT_GAIN)
-    return model
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
