@@ -271,6 +271,7 @@ def test_bad_session_values_are_named_and_change_nothing(session, param):
     ({"conversation": "elsewhere"}, "response.conversation"),
     ({"output_modalities": ["video"]}, "response.output_modalities.0"),
     ({"tool_choice": {"type": "function", "name": "nope"}}, "response.tool_choice.name"),
+    ({"audio": {"output": {"voice": "nobody"}}}, "response.audio.output.voice"),
 ])
 def test_bad_response_values_are_named_and_no_reply_starts(response, param):
     p = make()
