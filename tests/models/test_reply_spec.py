@@ -70,6 +70,20 @@ def test_tools_are_rendered_into_the_system_turn_as_the_template_does():
     assert render_system("Be brief.", ()) == "Be brief."
 
 
+def test_tool_choice_none_leaves_the_tools_out_of_the_system_turn(adapter):
+    tools = ({"type": "function", "name": "get_weather", "parameters": {"type": "object"}},)
+    systems = {}
+    for choice in ("auto", "none"):
+        st = adapter.new_state(choice)
+        adapter.thinker_prefill([st], [TextTurn("what is the weather like")])
+        adapter.begin_response(st, ReplySpec(instructions="Be brief.", tools=tools,
+                                             tool_choice=choice))
+        systems[choice] = adapter._session(st).system
+        adapter.free(st)
+    assert systems["auto"] == render_system("Be brief.", tools) and "<tools>" in systems["auto"]
+    assert systems["none"] == "Be brief."
+
+
 def reply_codes(ad: Qwen3OmniAdapter, text: str, voice: str, sid: str) -> list[list[int]]:
     """The codec frames of a greedy reply to `text` in `voice`."""
     st = ad.new_state(sid)
