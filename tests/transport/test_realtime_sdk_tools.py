@@ -1,9 +1,11 @@
-"""A reply that speaks and then calls two tools, through the official openai SDK against
-`duplex serve --model echo` (whose reply to a text is that text, parsed as a model's is)."""
+"""Tool calls through the official openai SDK against `duplex serve --model echo` (whose reply
+to a text is that text, parsed as a model's is): a reply that speaks and then calls two tools,
+and a call that is not JSON."""
 
 import asyncio
 import json
 
+import httpx
 import pytest
 from openai import AsyncOpenAI
 
@@ -67,3 +69,23 @@ async def test_a_reply_speaks_then_calls_two_tools_and_hears_both_outputs(server
                              if e.type == "response.output_audio_transcript.delta")
         assert events[-1].response.status == "completed"
         assert "Sunny." in transcript and "Noon." in transcript
+
+
+async def test_a_call_that_is_not_json_is_reported_raw_and_counted(server_process):
+    server = server_process("--model", "echo")
+    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
+                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    async with client.realtime.connect(model="echo") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session={"type": "realtime",
+                                           "audio": {"input": {"turn_detection": None}}})
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "<tool_call>call lookup now</tool_call>"}]})
+        await conn.response.create()
+        events = await until(conn, "response.done")
+    [call] = [i for i in events[-1].response.output if i.type == "function_call"]
+    assert call.arguments == "call lookup now"
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "\nduplex_tool_calls_invalid_total 1.0\n" in metrics
