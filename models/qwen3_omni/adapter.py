@@ -245,7 +245,9 @@ class Qwen3OmniAdapter(DuplexModel):
         if sess.voice not in self.voices:
             raise ValueError(f"unknown voice {spec.voice!r}; have {', '.join(self.voices)}")
         sess.temperature = spec.temperature
-        self._thinker.begin(sess, spec.instructions, spec.tools)
+        # The chat template has no tool choice; a model never told of the tools calls none.
+        tools = () if spec.tool_choice == "none" else spec.tools
+        self._thinker.begin(sess, spec.instructions, tools)
 
     @torch.inference_mode()
     def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]:

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from models.base import TalkerFrame, ThinkerToken
 from models.kv import SlotKV
 from models.qwen3_omni.graphs import residual_graphs
-from models.qwen3_omni.options import Qwen3OmniOptions, sample
+from models.qwen3_omni.options import Qwen3OmniOptions, Sampling, sample_rows
 from models.qwen3_omni.session import PREFIX, USER, Session
 
 
@@ -170,14 +170,11 @@ class Talker:
             sess.talker_pos += new[b]
             if sess.frames < opts.min_frames:
                 logits[b, self.codec_eos] = -math.inf
-        first = sample(logits, opts.talker_sampling, [s.talker_gen for s in sessions])
+        first = sample_rows(logits, [_sampling(s, opts.talker_sampling) for s in sessions],
+                            [s.talker_gen for s in sessions])
         first_list = first.tolist()
         go = [b for b, code in enumerate(first_list) if code != self.codec_eos]
-        codes = (
-            self._residual_codes(last[go], first[go], [sessions[b].talker_gen for b in go])
-            if go
-            else None
-        )
+        codes = self._residual_codes(last[go], first[go], [sessions[b] for b in go]) if go else None
         result = []
         for b, sess in enumerate(sessions):
             if first_list[b] == self.codec_eos:
@@ -196,9 +193,15 @@ class Talker:
                 sess.talker_slot = None
         return result
 
-    def _residual_codes(self, hidden: torch.Tensor, first: torch.Tensor, gens) -> torch.Tensor:
+    def _residual_codes(self, hidden: torch.Tensor, first: torch.Tensor,
+                        sessions: list[Session]) -> torch.Tensor:
         """Codebooks 1..Q-1 from the code predictor, for all rows at once -> (B, Q)."""
-        if self.graphs is not None:
+        samplings = [_sampling(s, self.options.residual_sampling) for s in sessions]
+        gens = [s.talker_gen for s in sessions]
+        # The graphs hold the checkpoint's own sampling; a greedy reply takes the eager path.
+        if self.graphs is not None and all(
+            sampling == self.options.residual_sampling for sampling in samplings
+        ):
             codes = self.graphs(hidden, first, gens)
             if codes is not None:
                 return codes
@@ -211,8 +214,15 @@ class Talker:
                 x = predictor.get_input_embeddings()[k - 1](codes[-1])[:, None]
             h = predictor.model(inputs_embeds=x, cache=cache, use_cache=True).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()
-            codes.append(sample(logits, self.options.residual_sampling, gens))
+            codes.append(sample_rows(logits, samplings, gens))
         return torch.stack(codes, dim=1)
+
+
+def _sampling(sess: Session, own: Sampling) -> Sampling:
+    """A reply asked to be greedy (temperature 0) is greedy in its audio codes too, so the same
+    context gives the same audio; any other temperature is the Thinker's, and the codes keep
+    the checkpoint's own sampling, as generate() keeps talker_temperature apart."""
+    return Sampling() if sess.temperature == 0 else own
 
 
 def _codec_suppress(config, codebook: int) -> torch.Tensor:

@@ -56,6 +56,13 @@ SPEAKERS = ("ethan", "chelsie", "aiden")
 TALKER_SUPPRESSED = 1024
 """`generate` suppresses the top 1024 Talker ids, so the vocabulary must leave codes below them."""
 
+SPEAKER_STD = 2.0
+"""At the init's std (0.02) a speaker row is about as long as the tts_pad it is added to, and
+random attention spreads its one position thin: voices moved the Talker's logits by ~1e-3 and
+flipped no code. Rows this long make each speaker's position its own direction, and greedy
+replies in two voices part within a few frames."""
+SPEAKER_SEED = 99
+
 CODEC_OUTPUT_GAIN = 0.1
 """Brings the tiny codec's noise to RMS ~0.15: audible, not harsh."""
 
@@ -205,6 +212,14 @@ def tiny_model() -> Qwen3OmniMoeForConditionalGeneration:
     torch.manual_seed(SEED)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     fix_random_init(model)
+    with torch.no_grad():
+        # At the init's scale a speaker moves the Talker's logits by ~1e-3 and changes no code;
+        # rows this large make voices sound apart. A generator of their own, so every other
+        # weight stays what SEED made it.
+        rows = model.talker.get_input_embeddings().weight
+        speakers = torch.Generator().manual_seed(SPEAKER_SEED)
+        for index in config.talker_config.speaker_id.values():
+            rows[index] = torch.randn(rows.shape[1], generator=speakers) * SPEAKER_STD
     return model
 
 

@@ -271,6 +271,7 @@ def test_bad_session_values_are_named_and_change_nothing(session, param):
     ({"conversation": "elsewhere"}, "response.conversation"),
     ({"output_modalities": ["video"]}, "response.output_modalities.0"),
     ({"tool_choice": {"type": "function", "name": "nope"}}, "response.tool_choice.name"),
+    ({"audio": {"output": {"voice": "nobody"}}}, "response.audio.output.voice"),
 ])
 def test_bad_response_values_are_named_and_no_reply_starts(response, param):
     p = make()
@@ -312,6 +313,22 @@ def test_a_committed_audio_item_is_transcribed_and_its_transcript_kept():
     assert retrieved["item"]["content"][0]["transcript"] == "hello there"
     failed = sent(p.on_transcript(item_id, None, "the recogniser failed", 0.2))
     assert failed[0]["type"] == "conversation.item.input_audio_transcription.failed"
+
+
+def test_a_users_transcript_comes_back_after_a_resume():
+    p = make()
+    send(p, type="session.update", session={"audio": {"input": {
+        "turn_detection": None, "transcription": {"model": "whisper-1"}}}})
+    send(p, type="input_audio_buffer.append", audio=base64.b64encode(bytes(2 * 4800)).decode())
+    item_id = sent(send(p, type="input_audio_buffer.commit"))[0]["item_id"]
+    p.on_transcript(item_id, "hello there", None, 0.2)
+    items, config = p.snapshot(0)
+
+    q = make()
+    q.resumed("sess_old", items, config)
+    [retrieved] = sent(send(q, type="conversation.item.retrieve", item_id=item_id))
+    assert retrieved["item"]["role"] == "user"
+    assert retrieved["item"]["content"][0]["transcript"] == "hello there"
 
 
 def test_an_unknown_transcription_model_is_named_with_the_choices():

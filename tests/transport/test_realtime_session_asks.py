@@ -3,6 +3,7 @@ a tool round trip with the echo oracle, instructions and greedy sampling with ti
 text-only reply that runs no Talker, voices, and errors after which the session goes on."""
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -154,9 +155,26 @@ async def test_voices_are_checked_and_errors_leave_the_session_going(server_proc
         assert events[-1].response.status_details.reason == "max_output_tokens"
 
 
-async def test_per_stage_timings_come_only_to_clients_that_ask(server_process):
-    import base64
+async def test_greedy_audio_is_the_same_in_one_voice_and_differs_in_another(server_process,
+                                                                            tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
 
+    async def audio(voice: str) -> bytes:
+        async with client_for(server).realtime.connect(model="tiny") as conn:
+            await configure(conn, temperature=0, audio={"input": {"turn_detection": None},
+                                                        "output": {"voice": voice}})
+            events = await say(conn, "speak")
+            assert events[-1].response.status == "completed"
+            return b"".join(base64.b64decode(e.delta) for e in events
+                            if e.type == "response.output_audio.delta")
+
+    # Each session samples with generators of its own; greedy, none of them is drawn from.
+    ethan, again, chelsie = await audio("ethan"), await audio("ethan"), await audio("chelsie")
+    assert ethan and ethan == again
+    assert chelsie and chelsie != ethan
+
+
+async def test_per_stage_timings_come_only_to_clients_that_ask(server_process):
     import websockets
 
     server = server_process("--model", "echo")

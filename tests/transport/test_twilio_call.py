@@ -2,8 +2,8 @@
 
 The peer sends paced 20 ms mu-law frames, plays what it receives on its own clock, echoes each
 mark only once the audio queued before it has played (or at once when a clear drops it, as
-Twilio does), and talks over the reply once. Its clock is the wall clock, so its times compare
-with the timestamps of the server's log lines on the same host.
+Twilio does), and talks over the reply once. What the test checks is what Twilio and an
+operator see: the media, marks and clear the bridge sends, and the server's /metrics.
 """
 
 import asyncio
@@ -12,7 +12,6 @@ import json
 import os
 import re
 import time
-from datetime import datetime
 
 import httpx
 import numpy as np
@@ -21,11 +20,11 @@ import websockets
 
 from duplex.bench.synth import babble
 from duplex.media import ulaw_decode, ulaw_encode
+from tests.waiting import eventually
 
 RATE = 8000
 FRAME = 160
 FRAME_S = FRAME / RATE
-VAD_CHUNK = 256
 SID = "MZ00000000000000000000000000000001"
 
 
@@ -139,27 +138,14 @@ class Peer:
         return min(time.time() - self.media_in[0][0], self.reply_samples / RATE)
 
 
-class ServerLog:
-    def __init__(self, server) -> None:
-        self.lines = server.lines
-
-    def wait_for(self, pattern: str, timeout_s: float = 10.0) -> re.Match:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            for line in self.lines:
-                if m := re.search(pattern, line):
-                    return m
-            time.sleep(0.05)
-        raise AssertionError(f"no log line matches {pattern!r}:\n{''.join(self.lines)}")
-
-    def all(self, pattern: str) -> list[re.Match]:
-        return [m for line in self.lines if (m := re.search(pattern, line))]
-
-    def decisions(self) -> list[tuple[float, int]]:
-        """(wall time, input sample) of each speech-start decision the server logged."""
-        found = self.all(r"^(\S+ \S+) INFO duplex\.twilio .*speech started at sample (\d+)")
-        return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(m[2]))
-                for m in found]
+def metric_values(text: str, name: str, label: str, **where: str) -> dict[str, float]:
+    """The series of one /metrics family whose labels include `where`, by the value of `label`."""
+    out = {}
+    for m in re.finditer(rf"^{name}{{(.*)}} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+        if all(labels.get(k) == v for k, v in where.items()):
+            out[labels[label]] = float(m[2])
+    return out
 
 
 async def wait_until(condition, timeout_s: float, what: str, peer: Peer) -> None:
@@ -184,7 +170,6 @@ def best_ncc(reply: np.ndarray, caller: np.ndarray, start: int, max_lag: int = 3
 async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process):
     server = server_process("--model", "echo",
                             env={**os.environ, "DUPLEX_TELEPHONY__END_CALL_DIGIT": "#"})
-    log = ServerLog(server)
     twiml = httpx.post(f"{server.url}/telephony/twilio/twiml")
     assert twiml.headers["content-type"].startswith("text/xml")
     assert f'<Stream url="wss://127.0.0.1:{server.port}/telephony/twilio"/>' in twiml.text
@@ -230,35 +215,29 @@ async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process
             task.cancel()
         assert ws.close_code == 1000
 
-    summary = json.loads(log.wait_for(r"twilio call \S+ ended: (\{.*\})")[1])
-    decisions = log.decisions()
-    metrics = httpx.get(f"{server.url}/metrics").text
+    # The call's books reach /metrics once the server has let go of it.
+    async with httpx.AsyncClient() as client:
+        async def ended() -> bool:
+            return (await client.get(f"{server.url}/healthz")).json()["active_sessions"] == 0
 
-    # Every inbound sample is accounted for, the refused ones with their reasons.
-    taken = len(peer.taken_audio) * FRAME
-    assert summary["input"] == {"received": peer.sent_samples, "consumed": taken, "buffered": 0,
-                                "dropped": {"before_start": FRAME, "out_of_order": FRAME}}
+        await eventually(ended, "the server ends the call")
+        metrics = (await client.get(f"{server.url}/metrics")).text
+
+    # Every refused message is counted by its reason, and the samples they carried as dropped.
     reasons = {"before_start", "out_of_order", "bad_base64", "unknown_event", "unknown_mark"}
-    assert summary["rejected"] == dict.fromkeys(reasons, 1)
-    for reason in reasons:
-        assert f'duplex_telephony_rejected_total{{reason="{reason}"}} 1.0' in metrics
-    assert 'duplex_telephony_dtmf_total{digit="#"} 1.0' in metrics
-    assert summary["dtmf"] == "#"
+    assert metric_values(metrics, "duplex_telephony_rejected_total", "reason") == (
+        dict.fromkeys(reasons, 1.0))
+    assert metric_values(metrics, "duplex_dropped_total", "reason", kind="inbound") == {
+        "before_start": FRAME, "out_of_order": FRAME}
+    assert metric_values(metrics, "duplex_telephony_dtmf_total", "digit") == {"#": 1.0}
 
-    # One clear, right after the server decided the caller was talking over the reply. How
-    # long that decision takes is the VAD's business (and a loaded host's); from decision to
-    # clear is this bridge's: one codec frame, with slack for a busy machine.
+    # One clear, once the caller talked over the reply, and counted as the call's one barge-in.
+    # How soon is the bench's business (a loaded host decides late); printed for a look.
     [clear_at] = peer.clears
-    assert len(decisions) == 2
-    decided_at, decided_sample = decisions[1]
-    onset = onset_frame * FRAME
-    assert onset - VAD_CHUNK <= decided_sample < onset + len(interruption)
     onset_sent = peer.taken[onset_frame][1]
-    deciding_frame_sent = next(t for end, t in peer.taken if end >= decided_sample + VAD_CHUNK)
-    print(f"barge-in: onset -> decision {1000 * (decided_at - onset_sent):.0f} ms (VAD latency "
-          f"{1000 * (decided_at - deciding_frame_sent):.0f} ms), decision -> clear at the peer "
-          f"{1000 * (clear_at - decided_at):.0f} ms")
-    assert -0.002 <= clear_at - decided_at < 0.2
+    assert onset_sent < clear_at
+    assert re.search(r"^duplex_barge_in_seconds_count 1\.0$", metrics, re.M)
+    print(f"barge-in: onset sent -> clear at the peer {1000 * (clear_at - onset_sent):.0f} ms")
 
     # Nothing of the cancelled reply after the clear: the next audio is the next reply's.
     first_reply = [payload for t, payload in peer.media_in if t < clear_at]
@@ -268,15 +247,8 @@ async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process
     assert names_after and all(name.startswith("duplex.r1.") for name in names_after)
     assert all(name.startswith("duplex.r0.") for name in peer.dropped_marks)
 
-    # The transcript stops at the last mark Twilio echoed as played before the barge-in.
-    reply = summary["responses"][0]
-    assert reply["status"] == "cancelled"
-    played = [(t, samples) for t, name, samples in peer.played if name.startswith("duplex.r0.")]
-    candidates = [samples for t, samples in played if t < clear_at]
-    assert reply["heard_samples"] in candidates
-    assert reply["heard_samples"] >= max(s for t, s in played if t < clear_at - 0.2)
-    k = candidates.index(reply["heard_samples"]) + 1
-    assert reply["transcript"] == "".join(f"frame{i} " for i in range(k))
+    # Marks of the cancelled reply that Twilio played before the clear came back as played.
+    assert any(t < clear_at and name.startswith("duplex.r0.") for t, name, _ in peer.played)
 
     # The echo model's reply is the caller's own audio, through two mu-law trips.
     caller = decoded(b"".join(peer.taken_audio))

@@ -27,6 +27,7 @@ from duplex.transport.twilio.protocol import (
     FRAME,
     MULAW_SILENCE,
     REJECT_REASONS,
+    BargedIn,
     DtmfReceived,
     Options,
     Rejected,
@@ -103,7 +104,8 @@ def sent(effects) -> list[dict]:
 def in_reply(p: TwilioProtocol, peer: Peer) -> int:
     """Speak, fall silent, and return the epoch of the reply that starts."""
     peer.media()
-    p.on_vad([SPEECH] * 4)
+    # Speech with no reply playing is a turn, not a barge-in.
+    assert not [e for e in p.on_vad([SPEECH] * 4) if isinstance(e, BargedIn)]
     effects = p.on_vad([QUIET] * SILENCE_PROBS)
     return next(e.epoch for e in effects if isinstance(e, EngineCommit))
 
@@ -225,9 +227,12 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     peer.mark(marks[0])
     peer.mark(marks[1])
 
+    onset = p.clock.detector.position
     effects = p.on_vad([SPEECH])
     assert [e for e in effects if isinstance(e, EngineCancel)] == [EngineCancel(epoch + 1)]
     assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    # Counted as a barge-in, after the clear, from where the speech began.
+    assert effects[-1] == BargedIn(onset)
     assert not p.pacer
     [reply] = p.responses()
     assert reply["status"] == "cancelled"

@@ -14,6 +14,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from duplex.bench.synth import babble
 from duplex.transport.webrtc.ice import offer_host_addresses
+from tests.waiting import eventually
 
 RATE = 48000
 FRAME = 960
@@ -92,11 +93,20 @@ class Caller:
         return [e["type"] for _, e in self.events]
 
     async def wait_for(self, type_, count=1, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while self.types().count(type_) < count:
-            assert time.monotonic() < deadline, f"no {type_} in {self.types()}"
-            await asyncio.sleep(0.02)
+        if not await eventually(lambda: self.types().count(type_) >= count, None, timeout):
+            raise AssertionError(f"no {count} x {type_} after {timeout} s in {self.types()}")
         return [e for _, e in self.events if e["type"] == type_][count - 1]
+
+    def heard_since(self, t: float) -> np.ndarray:
+        """What the reply track played from `t` on."""
+        after = [pcm for at, pcm in self.heard if at >= t]
+        return np.concatenate(after) if after else np.zeros(0, np.float32)
+
+    async def hear_until(self, t: float, timeout: float = 10.0) -> None:
+        """Wait until the reply track has played past `t`: it runs on its own clock, silence
+        included, so what it played up to then has all arrived."""
+        await eventually(lambda: self.heard and self.heard[-1][0] > t,
+                         "the reply track plays on", timeout)
 
     async def close(self):
         for task in self.tasks:
@@ -105,11 +115,14 @@ class Caller:
 
 
 def best_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Peak normalised cross-correlation of b inside a (b shorter)."""
-    a, b = a - a.mean(), b - b.mean()
-    n = len(b)
-    corr = np.correlate(a, b, mode="valid")
-    energy = np.sqrt(np.convolve(a * a, np.ones(n), mode="valid") * np.dot(b, b))
+    """Peak normalised cross-correlation of b inside a (b shorter). By FFT: the direct sum
+    takes seconds for a few seconds of audio, and while it runs the test's microphone is not
+    fed and falls behind real time."""
+    a, b = a.astype(np.float64) - a.mean(), b.astype(np.float64) - b.mean()
+    n, size = len(b), len(a) + len(b)
+    corr = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)[: len(a) - n + 1]
+    power = np.concatenate([[0.0], np.cumsum(a * a)])
+    energy = np.sqrt(np.maximum(power[n:] - power[:-n], 0.0) * np.dot(b, b))
     return float(np.max(corr / np.maximum(energy, 1e-9)))
 
 
@@ -131,27 +144,30 @@ async def test_echo_over_webrtc_then_barge_in(server_process):
         started_at = time.monotonic()
         done = await caller.wait_for("response.done", timeout=30)
         assert done["response"]["status"] == "completed"
-        await caller.wait_for("output_audio_buffer.stopped")
-        await asyncio.sleep(0.3)
+        stopped = await caller.wait_for("output_audio_buffer.stopped")
+        stopped_at = next(t for t, e in caller.events if e is stopped)
+        await caller.hear_until(stopped_at + 0.3)
         # The reply track carries the caller's own words back, through two Opus passes.
-        heard = np.concatenate([pcm for t, pcm in caller.heard if t >= started_at - 0.2])
+        heard = caller.heard_since(started_at - 0.2)
         assert best_correlation(heard, speech[RATE // 2 : RATE]) > 0.6
 
         # Next turn: talk over the reply once it plays.
         caller.mic.say(babble(RATE, rate=RATE, seed=23))
         await caller.wait_for("output_audio_buffer.started", count=2, timeout=30)
-        await asyncio.sleep(0.3)
+        replying_at = time.monotonic()
+        await eventually(lambda: any(np.sqrt(np.mean(pcm**2)) > 0.05
+                                     for t, pcm in caller.heard if t >= replying_at),
+                         "the second reply is heard")
         # Talk over the reply: the server cancels it and its track goes quiet at once.
         caller.mic.say(babble(RATE, rate=RATE, seed=22))
         done = await caller.wait_for("response.done", count=2, timeout=20)
         assert done["response"]["status"] == "cancelled"
         cleared = await caller.wait_for("output_audio_buffer.cleared")
         assert cleared["response_id"] == done["response"]["id"]
-        cleared_at = next(t for t, e in caller.events if e["type"] == "output_audio_buffer.cleared")
-        await asyncio.sleep(0.6)
-        after = [pcm for t, pcm in caller.heard if t > cleared_at + 0.3]
-        tail = np.concatenate(after) if after else np.zeros(1)
-        assert np.sqrt(np.mean(tail**2)) < 0.01
+        cleared_at = next(t for t, e in caller.events if e is cleared)
+        await caller.hear_until(cleared_at + 0.9)
+        tail = caller.heard_since(cleared_at + 0.3)
+        assert len(tail) and np.sqrt(np.mean(tail**2)) < 0.01
         types = caller.types()
         barge = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][2]
         assert barge < [i for i, t in enumerate(types) if t == "response.done"][1]
@@ -161,10 +177,11 @@ async def test_echo_over_webrtc_then_barge_in(server_process):
             assert hung.status_code == 200
             missing = await client.post(f"{server.url}/v1/realtime/calls/rtc_nope/hangup")
             assert missing.status_code == 404
-            deadline = time.monotonic() + 10
-            while (await client.get(f"{server.url}/healthz")).json()["active_sessions"]:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+
+            async def ended() -> bool:
+                return (await client.get(f"{server.url}/healthz")).json()["active_sessions"] == 0
+
+            await eventually(ended, "the hung-up call's session ends")
     finally:
         await caller.close()
 

@@ -626,6 +626,9 @@ class RealtimeProtocol:
                                 "creating a new one.")
         try:
             settings = response_settings(self.settings, event.response, self.beta)
+            if settings.voice != self.settings.voice:
+                self.voices.check(settings.voice, "response.voice" if self.beta
+                                  else "response.audio.output.voice")
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
         self._start_response(out, settings)

@@ -81,6 +81,14 @@ class DtmfReceived:
 
 
 @dataclass(frozen=True)
+class BargedIn:
+    """The caller talked over a reply and it was cut (its audio cleared) now."""
+
+    onset_sample: int
+    """Where the speech began on the session clock."""
+
+
+@dataclass(frozen=True)
 class Notice:
     """Something worth a log line: call start, turn decisions, response outcomes."""
 
@@ -89,7 +97,7 @@ class Notice:
 
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
-    | Rejected | DtmfReceived | Notice
+    | Rejected | DtmfReceived | BargedIn | Notice
 )
 
 
@@ -289,7 +297,10 @@ class TwilioProtocol:
                 out.append(Notice(f"speech started at sample {decision.at_sample}"))
                 # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
                 # transcript cut at the last echoed mark.
-                self._apply_core_events(out, self.core.handle(decision))
+                events = self.core.handle(decision)
+                self._apply_core_events(out, events)
+                if any(isinstance(e, ev.Flush) for e in events):
+                    out.append(BargedIn(decision.at_sample))
             elif isinstance(decision, cmd.SpeechStopped):
                 out.append(Notice(f"speech stopped at sample {decision.at_sample}"))
                 self.core.handle(decision)

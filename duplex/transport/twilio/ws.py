@@ -16,7 +16,9 @@ from duplex.engine.vad import VadService
 from duplex.observability.metrics import Metrics
 from duplex.transport.loop import SessionLoop, close_quietly, serve_websocket
 from duplex.transport.twilio.protocol import (
+    INPUT_TRACK,
     RATE,
+    BargedIn,
     DtmfReceived,
     Notice,
     Options,
@@ -46,6 +48,8 @@ class TwilioSession(SessionLoop):
         # The call's books in one line: input accounting, replies and what was heard of them.
         summary = self.protocol.close()
         log.info("twilio call %s ended: %s", self.session_id, json.dumps(summary))
+        for reason, n in summary["input"]["dropped"].items():
+            self.metrics.dropped.labels(INPUT_TRACK, reason).inc(n)
 
     async def carry_out(self, effect) -> bool:
         sid = self.session_id
@@ -55,6 +59,8 @@ class TwilioSession(SessionLoop):
         elif isinstance(effect, DtmfReceived):
             log.info("twilio call %s: DTMF %s", sid, effect.digit)
             self.metrics.telephony_dtmf.labels(effect.digit).inc()
+        elif isinstance(effect, BargedIn):
+            self.metrics.barge_in.observe(max(0, self.now_sample() - effect.onset_sample) / RATE)
         elif isinstance(effect, Notice):
             log.info("twilio call %s: %s", sid, effect.message)
         else:

@@ -1,0 +1,84 @@
+"""Input transcription as a client sees it: the official openai SDK against `duplex serve`
+asks for `whisper-1`, speaks the fixtures one turn each, and reads each turn's transcript from
+the transcription events and from `conversation.item.retrieve`."""
+
+import asyncio
+import base64
+import os
+
+import numpy as np
+import pytest
+import soxr
+from openai import AsyncOpenAI
+
+from tests.transcription.fixtures import RATE as FIXTURE_RATE
+from tests.transcription.test_whisper import MAX_WER
+from tests.transcription.wer import word_error_rate
+
+pytestmark = pytest.mark.slow
+
+WIRE_RATE = 24000
+DONE = ("conversation.item.input_audio_transcription.completed",
+        "conversation.item.input_audio_transcription.failed")
+
+
+def pcm16_b64(pcm: np.ndarray) -> str:
+    wire = soxr.resample(pcm, FIXTURE_RATE, WIRE_RATE)
+    return base64.b64encode((np.clip(wire, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def events_until(conn, types: tuple[str, ...], timeout: float = 60.0) -> list:
+    events = []
+
+    async def run():
+        async for event in conn:
+            events.append(event)
+            if event.type in types:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return events
+
+
+async def test_spoken_turns_come_back_transcribed_through_the_sdk(server_process, utterances):
+    # The whole fixture set is sent faster than it would be spoken; the input lead allows it.
+    server = server_process("--model", "echo",
+                            env={**os.environ, "DUPLEX_REALTIME__MAX_INPUT_LEAD_MS": "120000"})
+    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
+                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    hypotheses, item_ids = [], []
+    async with client.realtime.connect(model="echo") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "whisper-1"}}}})
+        [updated] = await events_until(conn, ("session.updated",))
+        assert updated.session.audio.input.transcription.model == "whisper-1"
+        for utterance in utterances:
+            await conn.input_audio_buffer.append(audio=pcm16_b64(utterance.pcm))
+            await conn.input_audio_buffer.commit()
+            events = await events_until(conn, DONE)
+            types = [e.type for e in events]
+            assert "error" not in types, events
+            [committed] = [e for e in events if e.type == "input_audio_buffer.committed"]
+            done = events[-1]
+            assert done.type == DONE[0], done
+            assert (done.item_id, done.content_index) == (committed.item_id, 0)
+            deltas = [e for e in events
+                      if e.type == "conversation.item.input_audio_transcription.delta"]
+            assert deltas and all(d.item_id == committed.item_id for d in deltas)
+            assert "".join(d.delta for d in deltas) == done.transcript
+            hypotheses.append(done.transcript)
+            item_ids.append(committed.item_id)
+
+        references = [u.text for u in utterances]
+        wer = word_error_rate(references, hypotheses)
+        report = "\n".join(f"  {r!r} -> {h!r}" for r, h in zip(references, hypotheses, strict=True))
+        print(f"\nWER through the server {wer:.3f}\n{report}")
+        assert wer < MAX_WER, report
+
+        # The transcript stays on the user's item.
+        for item_id, transcript in zip(item_ids, hypotheses, strict=True):
+            await conn.conversation.item.retrieve(item_id=item_id)
+            [retrieved] = await events_until(conn, ("conversation.item.retrieved",))
+            assert retrieved.item.id == item_id and retrieved.item.role == "user"
+            assert retrieved.item.content[0].transcript == transcript
