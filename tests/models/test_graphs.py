@@ -5,6 +5,8 @@ not tested here."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -76,7 +78,7 @@ def test_fixed_buffer_loop_gives_the_eager_codes_frame_after_frame(adapter):
         # Three rows in a bucket of four; earlier frames' keys stay in the buffers, masked.
         hidden = torch.randn(3, talker.predictor.config.hidden_size, generator=rng)
         first = torch.randint(0, talker.predictor.config.vocab_size, (3,), generator=rng)
-        eager = talker._residual_codes(hidden, first, [None] * 3)
+        eager = talker._residual_codes(hidden, first, [_session()] * 3)
         runner.load(hidden, first, [None] * 3)
         runner.run()
         assert torch.equal(runner.codes[:3], eager)
@@ -167,6 +169,12 @@ def test_a_failed_capture_falls_back_to_the_eager_path(adapter, caplog):
     assert sum("capture failed" in r.getMessage() for r in caplog.records) == 1
     talker.graphs = runner
     try:
-        assert talker._residual_codes(hidden, first, [None, None]).shape == (2, talker.num_codes)
+        assert talker._residual_codes(hidden, first, [_session()] * 2).shape == (2, talker.num_codes)
     finally:
         talker.graphs = None
+
+
+def _session() -> SimpleNamespace:
+    """What the code predictor reads of a session: a reply temperature that is not greedy
+    (so the checkpoint's own sampling applies) and no generator of its own."""
+    return SimpleNamespace(temperature=None, talker_gen=None)
