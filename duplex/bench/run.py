@@ -14,9 +14,11 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
+from duplex.bench import ceiling
 from duplex.bench.codec import stream_vs_offline
 from duplex.bench.synth import babble
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
@@ -199,16 +201,19 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
     lag = percentiles(merged.input_lag_ms)
     realtime = merged.underruns == 0 and (lag["p95"] or 0.0) < 200.0
     busy = engine.stats.busy_s - busy_before
+    stages = engine.stats.summary()
+    frames = stages.get("codec", {}).get("items", 0)
     return {
         "sessions": sessions,
         "realtime": realtime,
         "underruns": merged.underruns,
         "input_lag_ms": lag,
-        "stages": engine.stats.summary(),
+        "stages": stages,
         "ttfa_ms": percentiles(merged.ttfa_ms),
         "barge_in_ms": percentiles(merged.barge_in_ms),
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
+        "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
         "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
@@ -237,6 +242,18 @@ async def find_max(engine, vad, duration_s: float, limit: int, log, label: str) 
             break
         n = (best + hi) // 2 if hi is not None else n
     return best, best_result
+
+
+def measure_ceiling(engine, stages: dict) -> dict:
+    """The model-alone ceiling at the batch sizes of the run whose stage summary is `stages`,
+    measured where the model lives while the engine is idle."""
+    loads = ceiling.stage_loads(stages)
+    if not loads:
+        return ceiling.ceiling({}, {"frame_ms": 0.0, "ms_per_call": {}})
+    engine.wait_idle()
+    measured = engine.query(partial(ceiling.measure,
+                                    batches={name: load.batch for name, load in loads.items()}))
+    return ceiling.ceiling(loads, measured)
 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
@@ -268,6 +285,10 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                     result["max_realtime_sessions"] = maxima[mode] = n
                 else:
                     result = asyncio.run(run_mode(engine, vad, sessions, duration_s))
+                result.update(measure_ceiling(engine, result["stages"]))
+                if find:
+                    cap = result["ceiling_sessions"]
+                    result["efficiency"] = round(n / cap, 3) if cap else None
                 modes[mode] = result
                 if codec_ratio is None:
                     codec_ratio = engine.query(stream_vs_offline)
@@ -294,6 +315,10 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     }
 
 
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def table(report: dict) -> str:
     rows = [("", *report["modes"].keys())]
 
@@ -312,6 +337,10 @@ def table(report: dict) -> str:
     row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
     row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
+    row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
+    row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
+    row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
+    row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))

@@ -122,11 +122,12 @@ class EngineCore:
                 except Exception as exc:
                     log.exception("engine step failed; closing the sessions in it")
                     self._fail(plan, f"{type(exc).__name__}: {exc}")
-                window_busy += time.monotonic() - start
+                busy = time.monotonic() - start
+                window_busy += busy
+                self.stats.busy_s += busy
             now = time.monotonic()
             if now - window_start >= 1.0:
                 self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
-                self.stats.busy_s += window_busy
                 window_start, window_busy = now, 0.0
             if now - self._last_report >= REPORT_S:
                 self._report()

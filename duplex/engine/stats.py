@@ -27,6 +27,7 @@ class StageStats:
             "queue_ms": percentiles(self.queue_ms),
             "mean_batch": round(float(np.mean(self.batch_sizes)), 3) if self.batch_sizes else None,
             "calls": len(self.batch_sizes),
+            "items": int(sum(self.batch_sizes)),
         }
 
 
