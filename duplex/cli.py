@@ -101,6 +101,8 @@ def _bench(args: argparse.Namespace) -> int:
         torch_threads=settings.engine.torch_threads,
         scheduler={"max_batch": settings.engine.max_batch, "audio_lead_s": settings.engine.audio_lead_s},
         in_process=not settings.engine.process,
+        arrivals=args.arrivals,
+        seed=args.seed,
     )
     print(table(report))
     if args.json:
@@ -224,6 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="find the largest real-time N for batched and per-session modes; ratio = their quotient",
     )
     bench.add_argument("--max-sessions", type=int, default=128, help="upper bound for --find-max")
+    bench.add_argument(
+        "--arrivals",
+        choices=["herd", "poisson"],
+        default="herd",
+        help="herd (default, the worst case): every session starts within the first second and "
+        "they reply together; poisson: starts spread at random over the first half of the run, "
+        "turn lengths from the speech fixtures, random pauses and barge-ins",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
     return parser
