@@ -266,14 +266,19 @@ class EngineClient(ABC):
             if waiter is not None:
                 waiter.reply = output
                 waiter.done.set()
+        elif isinstance(output, m.StepEvents):
+            for event in output.events:
+                self._deliver(event)
         else:
-            deliver = self._callers.get(output.session_id)
-            if deliver is not None:
-                try:
-                    deliver(output)
-                except Exception:
-                    log.exception("an engine event for %s could not be delivered",
-                                  output.session_id)
+            self._deliver(output)
+
+    def _deliver(self, event: m.SessionEvent) -> None:
+        deliver = self._callers.get(event.session_id)
+        if deliver is not None:
+            try:
+                deliver(event)
+            except Exception:
+                log.exception("an engine event for %s could not be delivered", event.session_id)
 
     def _core_lost(self, reason: str, *, expected: bool) -> None:
         """The core can no longer be reached: fail its sessions, wake every waiter."""
