@@ -171,7 +171,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
                    arrivals: str = "herd", seed: int = 0) -> dict:
     engine.wait_idle()
     engine.stats.take()
-    busy_before = engine.stats.busy_s
+    busy_before, steps_before = engine.stats.busy_s, engine.stats.steps
     runners = []
     started = time.monotonic()
     clients = [ScriptedClient(i, duration_s, script, seed)
@@ -208,6 +208,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     lag = percentiles(merged.input_lag_ms)
     realtime = merged.underruns == 0 and (lag["p95"] or 0.0) < 200.0
     busy = engine.stats.busy_s - busy_before
+    steps = engine.stats.steps - steps_before
     stages = engine.stats.summary()
     frames = stages.get("codec", {}).get("items", 0)
     return {
@@ -221,6 +222,8 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
+        "engine_steps": steps,
+        "engine_ms_per_step": round(busy * 1000 / steps, 3) if steps else None,
         "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
@@ -352,6 +355,7 @@ def table(report: dict) -> str:
     row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
     row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
+    row("engine ms / step", lambda m: _num(m["engine_ms_per_step"]))
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
     row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
     row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))

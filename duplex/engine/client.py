@@ -259,8 +259,8 @@ class EngineClient(ABC):
             self._bytes = output.bytes_by_session
             self._drops.extend(output.drops)
             self.stats.add(output.stage_samples)
-            self.load, self.stats.busy_s, self._core_alive = (
-                output.load, output.busy_s, output.alive)
+            self.load, self.stats.busy_s, self.stats.steps, self._core_alive = (
+                output.load, output.busy_s, output.steps, output.alive)
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)
             if waiter is not None:

@@ -124,6 +124,7 @@ class EngineCore:
                 busy = time.monotonic() - start
                 window_busy += busy
                 self.stats.busy_s += busy
+                self.stats.steps += 1
             now = time.monotonic()
             if now - window_start >= 1.0:
                 self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
@@ -143,7 +144,7 @@ class EngineCore:
         drops, self.scheduler.drops = self.scheduler.drops, []
         # A core dying of an error frees every session next; its last report holds none.
         self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
-                           self.load, self.stats.busy_s, alive))
+                           self.load, self.stats.busy_s, self.stats.steps, alive))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and

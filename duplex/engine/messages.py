@@ -137,6 +137,8 @@ class Report:
     stage_samples: dict[str, tuple[list[float], list[float], list[int]]]
     load: float
     busy_s: float
+    steps: int
+    """Steps that ran a plan, since the core started (busy_s is their time)."""
     alive: bool
     """False in the core's last report, sent as its thread dies of an error."""
 
