@@ -113,6 +113,8 @@ def _bench(args: argparse.Namespace) -> int:
         in_process=not settings.engine.process,
         dtype=args.dtype or settings.model.dtype,
         cuda_graphs=settings.engine.cuda_graphs,
+        arrivals=args.arrivals,
+        seed=args.seed,
     )
     print(table(report))
     if args.json:
@@ -299,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="model weights and activations (default: model.dtype; auto is bfloat16 on a GPU, "
         "float32 on the CPU)",
     )
+    bench.add_argument(
+        "--arrivals",
+        choices=["herd", "poisson"],
+        default="herd",
+        help="herd (default, the worst case): every session starts within the first second and "
+        "they reply together; poisson: starts spread at random over the first half of the run, "
+        "turn lengths from the speech fixtures, random pauses and barge-ins",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

@@ -14,9 +14,12 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 
+from duplex.bench import ceiling
+from duplex.bench.arrivals import Script, scripts
 from duplex.bench.codec import stream_vs_offline
 from duplex.bench.synth import babble
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
@@ -43,11 +46,12 @@ class ClientRecord:
 
 
 class ScriptedClient:
-    def __init__(self, index: int, session: RealtimeSession, duration_s: float) -> None:
+    def __init__(self, index: int, duration_s: float, script: Script, seed: int = 0) -> None:
         self.index = index
-        self.session = session
+        self.session: RealtimeSession | None = None
         self.duration_s = duration_s
-        self.rng = random.Random(index)
+        self.script = script
+        self.rng = random.Random((seed << 32) | index)
         self.rec = ClientRecord()
         self.speech_onsets: list[float] = []
         self.speech_end: float | None = None
@@ -60,8 +64,8 @@ class ScriptedClient:
         self.responses_done = asyncio.Event()
         # Encoded before the clock starts: a remote caller's own work is not the server's.
         self.turns = [
-            _append_events(babble(int(RATE * self.rng.uniform(1.0, 2.0)), seed=index * 1000 + k))
-            for k in range(int(duration_s // 2) + 2)
+            _append_events(babble(int(RATE * turn_s), seed=index * 1000 + k))
+            for k, turn_s in enumerate(script.turn_s)
         ]
 
     async def on_event(self, text: str) -> None:
@@ -109,17 +113,19 @@ class ScriptedClient:
             self.session.feed_text(message)
         return t_start + len(frames) * FRAME / RATE
 
-    async def run(self) -> None:
-        t = time.monotonic() + self.rng.uniform(0, 1.0)
-        end = time.monotonic() + self.duration_s
+    async def run(self, started: float) -> None:
+        t = started + self.script.start_s
+        end = started + self.duration_s
         turn = 0
+        await asyncio.sleep(max(0.0, t - time.monotonic()))
         while time.monotonic() < end:
-            speech = self.turns[turn % len(self.turns)]
+            k = turn % len(self.turns)
+            speech = self.turns[k]
             self.speech_onsets.append(t)
             t = await self._send_frames(speech, t)
             self.speech_end = t
             self.awaiting_first_audio = True
-            barge = turn % 2 == 1
+            barge = self.script.barge_in[k]
             listen_until = None
             # Keep streaming silence (the microphone stays open) while the reply plays.
             while time.monotonic() < end:
@@ -129,7 +135,8 @@ class ScriptedClient:
                 if listen_until is not None and t >= listen_until:
                     break
                 if listen_until is not None and not barge and self.response_id is None:
-                    t = await self._send_frames([SILENCE] * 25, t)
+                    pause = round(self.script.pause_s[k] * RATE / FRAME)
+                    t = await self._send_frames([SILENCE] * pause, t)
                     break
                 if self.reply_start is None and t - self.speech_end > 5.0:
                     break
@@ -160,35 +167,37 @@ def _rss_mb(engine) -> float:
     return round(total / 1024, 1)
 
 
-async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) -> dict:
+async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
+                   arrivals: str = "herd", seed: int = 0) -> dict:
     engine.wait_idle()
     engine.stats.take()
-    busy_before = engine.stats.busy_s
-    clients: list[ScriptedClient] = []
+    busy_before, steps_before = engine.stats.busy_s, engine.stats.steps
     runners = []
     started = time.monotonic()
+    clients = [ScriptedClient(i, duration_s, script, seed)
+               for i, script in enumerate(scripts(arrivals, sessions, duration_s, seed))]
+    clock_start = time.monotonic()
+
+    async def serve(client: ScriptedClient) -> None:
+        """The session opens when its script starts, and runs to the end of the run."""
+        await asyncio.sleep(max(0.0, clock_start + client.script.start_s - time.monotonic()))
+        session = RealtimeSession(engine, vad, Limits(), engine.model.name, client.on_event,
+                                  session_id=f"bench_{client.index}")
+        session.open()
+        client.session = session
+        runners.append(asyncio.create_task(session.run()))
+        await client.run(clock_start)
+
     try:
-        for i in range(sessions):
-            holder: dict[str, ScriptedClient] = {}
-
-            async def send_text(text: str, holder=holder) -> None:
-                await holder["client"].on_event(text)
-
-            session = RealtimeSession(engine, vad, Limits(), engine.model.name, send_text,
-                                      session_id=f"bench_{i}")
-            session.open()
-            client = ScriptedClient(i, session, duration_s)
-            holder["client"] = client
-            clients.append(client)
-            runners.append(asyncio.create_task(session.run()))
-        await asyncio.gather(*(c.run() for c in clients))
+        await asyncio.gather(*(serve(c) for c in clients))
         held = [engine.bytes_held(c.session.session_id) for c in clients]
     finally:
-        for c in clients:
+        opened = [c for c in clients if c.session is not None]
+        for c in opened:
             c.session.carrier_gone()
         await asyncio.gather(*runners, return_exceptions=True)
         engine.wait_idle()
-        left = sum(engine.bytes_held(c.session.session_id) for c in clients)
+        left = sum(engine.bytes_held(c.session.session_id) for c in opened)
     wall = time.monotonic() - started
     merged = ClientRecord()
     for c in clients:
@@ -199,16 +208,22 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
     lag = percentiles(merged.input_lag_ms)
     realtime = merged.underruns == 0 and (lag["p95"] or 0.0) < 200.0
     busy = engine.stats.busy_s - busy_before
+    steps = engine.stats.steps - steps_before
+    stages = engine.stats.summary()
+    frames = stages.get("codec", {}).get("items", 0)
     return {
         "sessions": sessions,
         "realtime": realtime,
         "underruns": merged.underruns,
         "input_lag_ms": lag,
-        "stages": engine.stats.summary(),
+        "stages": stages,
         "ttfa_ms": percentiles(merged.ttfa_ms),
         "barge_in_ms": percentiles(merged.barge_in_ms),
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
+        "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
+        "engine_steps": steps,
+        "engine_ms_per_step": round(busy * 1000 / steps, 3) if steps else None,
         "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
@@ -216,12 +231,13 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
     }
 
 
-async def find_max(engine, vad, duration_s: float, limit: int, log, label: str) -> tuple[int, dict]:
+async def find_max(engine, vad, duration_s: float, limit: int, log, label: str,
+                   arrivals: str = "herd", seed: int = 0) -> tuple[int, dict]:
     """Largest N that stays real time: doubling, then bisection."""
     best, best_result = 0, None
     n, hi = 1, None
     while True:
-        result = await run_mode(engine, vad, n, duration_s)
+        result = await run_mode(engine, vad, n, duration_s, arrivals, seed)
         log(f"  {label} N={n}: realtime={result['realtime']} "
             f"underruns={result['underruns']} lag_p95={result['input_lag_ms']['p95']}")
         if result["realtime"]:
@@ -239,13 +255,26 @@ async def find_max(engine, vad, duration_s: float, limit: int, log, label: str) 
     return best, best_result
 
 
+def measure_ceiling(engine, stages: dict) -> dict:
+    """The model-alone ceiling at the batch sizes of the run whose stage summary is `stages`,
+    measured where the model lives while the engine is idle."""
+    loads = ceiling.stage_loads(stages)
+    if not loads:
+        return ceiling.ceiling({}, {"frame_ms": 0.0, "ms_per_call": {}})
+    engine.wait_idle()
+    measured = engine.query(partial(ceiling.measure,
+                                    batches={name: load.batch for name, load in loads.items()}))
+    return ceiling.ceiling(loads, measured)
+
+
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
           scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
-          cuda_graphs: bool = False) -> dict:
+          cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
     thread (engine.process = false): the engine settings the server uses. `dtype` and
-    `cuda_graphs` as model.dtype and engine.cuda_graphs."""
+    `cuda_graphs` as model.dtype and engine.cuda_graphs. `arrivals` and `seed` say when
+    sessions start and how they talk (arrivals.py)."""
     vad = VadService()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
@@ -268,11 +297,18 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 model = engine.model
                 model_name_seen, device, dtype_seen = model.name, model.device, model.dtype
                 if find:
-                    n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode))
-                    result = result or asyncio.run(run_mode(engine, vad, 1, duration_s))
+                    n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode,
+                                                     arrivals, seed))
+                    result = result or asyncio.run(
+                        run_mode(engine, vad, 1, duration_s, arrivals, seed))
                     result["max_realtime_sessions"] = maxima[mode] = n
                 else:
-                    result = asyncio.run(run_mode(engine, vad, sessions, duration_s))
+                    result = asyncio.run(
+                        run_mode(engine, vad, sessions, duration_s, arrivals, seed))
+                result.update(measure_ceiling(engine, result["stages"]))
+                if find:
+                    cap = result["ceiling_sessions"]
+                    result["efficiency"] = round(n / cap, 3) if cap else None
                 modes[mode] = result
                 # The model's caches since the engine started (models.caches), measured apart.
                 result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
@@ -298,9 +334,15 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
         "torch_threads": resolve_torch_threads(torch_threads),
         "engine": "thread" if in_process else "process",
         "duration_s": duration_s,
+        "arrivals": arrivals,
+        "seed": seed,
         "modes": modes,
         "ratio": ratio,
     }
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def table(report: dict) -> str:
@@ -321,6 +363,11 @@ def table(report: dict) -> str:
     row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
     row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
+    row("engine ms / step", lambda m: _num(m["engine_ms_per_step"]))
+    row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
+    row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
+    row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
+    row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))
@@ -333,8 +380,8 @@ def table(report: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
         f"model {report['model']} on {report['device']} in {report['dtype']} "
-        f"({report['torch_threads']} torch threads, "
-        f"engine in a {report['engine']}); "
+        f"({report['torch_threads']} torch threads, engine in a {report['engine']}; "
+        f"{report['arrivals']} arrivals, seed {report['seed']}); "
         f"ratio batched/baseline: {report['ratio']}"
     )
     codec = next(iter(report["modes"].values()))["codec_stream_vs_offline"]

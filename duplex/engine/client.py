@@ -262,22 +262,27 @@ class EngineClient(ABC):
             self._bytes = output.bytes_by_session
             self._drops.extend(output.drops)
             self.stats.add(output.stage_samples)
-            self.load, self.stats.busy_s, self._core_alive = (
-                output.load, output.busy_s, output.alive)
+            self.load, self.stats.busy_s, self.stats.steps, self._core_alive = (
+                output.load, output.busy_s, output.steps, output.alive)
             self.cache_stats = output.caches
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)
             if waiter is not None:
                 waiter.reply = output
                 waiter.done.set()
+        elif isinstance(output, m.StepEvents):
+            for event in output.events:
+                self._deliver(event)
         else:
-            deliver = self._callers.get(output.session_id)
-            if deliver is not None:
-                try:
-                    deliver(output)
-                except Exception:
-                    log.exception("an engine event for %s could not be delivered",
-                                  output.session_id)
+            self._deliver(output)
+
+    def _deliver(self, event: m.SessionEvent) -> None:
+        deliver = self._callers.get(event.session_id)
+        if deliver is not None:
+            try:
+                deliver(event)
+            except Exception:
+                log.exception("an engine event for %s could not be delivered", event.session_id)
 
     def _core_lost(self, reason: str, *, expected: bool) -> None:
         """The core can no longer be reached: fail its sessions, wake every waiter."""

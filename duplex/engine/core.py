@@ -69,7 +69,6 @@ class EngineCore:
         self.stats = EngineStats()
         self.load = 0.0
         self._states: dict[str, ModelState] = {}
-        self._bytes: dict[str, int] = {}
         self._requests: queue.SimpleQueue[m.Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -122,11 +121,13 @@ class EngineCore:
                 except Exception as exc:
                     log.exception("engine step failed; closing the sessions in it")
                     self._fail(plan, f"{type(exc).__name__}: {exc}")
-                window_busy += time.monotonic() - start
+                busy = time.monotonic() - start
+                window_busy += busy
+                self.stats.busy_s += busy
+                self.stats.steps += 1
             now = time.monotonic()
             if now - window_start >= 1.0:
                 self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
-                self.stats.busy_s += window_busy
                 window_start, window_busy = now, 0.0
             if now - self._last_report >= REPORT_S:
                 self._report()
@@ -141,8 +142,19 @@ class EngineCore:
     def _report(self, alive: bool = True) -> None:
         self._last_report = time.monotonic()
         drops, self.scheduler.drops = self.scheduler.drops, []
-        self.emit(m.Report(dict(self._bytes), drops, self.stats.take(), self.load,
-                           self.stats.busy_s, alive, self.model.cache_stats()))
+        # A core dying of an error frees every session next; its last report holds none.
+        self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
+                           self.load, self.stats.busy_s, self.stats.steps, alive,
+                           self.model.cache_stats()))
+
+    def _bytes_held(self) -> dict[str, int]:
+        """What each session holds, counted when a report goes out (not after every step and
+        request): reports are the only place anyone reads it."""
+        held = {}
+        for sid, state in self._states.items():
+            sq = self.scheduler.sessions.get(sid)
+            held[sid] = self.model.bytes_held(state) + (sq.queued_bytes() if sq else 0)
+        return held
 
     def _apply_requests(self, block_s: float) -> None:
         try:
@@ -177,11 +189,9 @@ class EngineCore:
 
     def _push_audio(self, r: m.PushAudio) -> None:
         self.scheduler.push_input(r.session_id, r.pcm, time.monotonic(), self.version)
-        self._refresh_bytes(r.session_id)
 
     def _push_frame(self, r: m.PushFrame) -> None:
         self.scheduler.push_frame(r.session_id, r.frame, time.monotonic(), self.version)
-        self._refresh_bytes(r.session_id)
 
     def _push_text(self, r: m.PushText) -> None:
         self.scheduler.push_text(r.session_id, r.turn, time.monotonic(), self.version)
@@ -195,13 +205,11 @@ class EngineCore:
     def _clear_input(self, r: m.ClearInput) -> None:
         self.scheduler.clear_input(r.session_id)
         self.model.clear_input(self._states[r.session_id])
-        self._refresh_bytes(r.session_id)
 
     def _cancel(self, r: m.CancelReply) -> None:
         if r.new_epoch > self.scheduler.sessions[r.session_id].epoch:
             self.scheduler.cancel(r.session_id, r.new_epoch)
             self.model.reset_response(self._states[r.session_id])
-            self._refresh_bytes(r.session_id)
 
     def _barrier(self, r: m.Barrier) -> None:
         self._report()
@@ -219,12 +227,6 @@ class EngineCore:
         left = self.model.bytes_held(state)
         if left:
             log.error("model still holds %d bytes of session %s after free", left, sid)
-        self._bytes.pop(sid, None)
-
-    def _refresh_bytes(self, sid: str) -> None:
-        sq = self.scheduler.sessions.get(sid)
-        if sq is not None:
-            self._bytes[sid] = self.model.bytes_held(self._states[sid]) + sq.queued_bytes()
 
     # -- one step -------------------------------------------------------------------------
 
@@ -246,11 +248,9 @@ class EngineCore:
                 st.compute_ms.append((time.monotonic() - t0) * 1000)
                 st.batch_sizes.append(len(entries))
             results.put(batch.stage, out)
-        now = time.monotonic()
-        for event in self.scheduler.update(plan, results, now, self.version):
-            self.emit(event)
-        for sid in {e.session_id for b in plan.batches for e in b.entries}:
-            self._refresh_bytes(sid)
+        events = self.scheduler.update(plan, results, time.monotonic(), self.version)
+        if events:
+            self.emit(m.StepEvents(tuple(events)))
 
     def _call(self, stage: Stage, entries: tuple[Entry, ...]) -> list[Any]:
         model = self.model

@@ -1,7 +1,8 @@
 """What passes between an engine's callers and its core, as typed messages.
 
 Requests go to the core in the order callers make them; outputs come back: the per-session
-events the scheduler produces (AudioOut, ResponseFinished, ResponseTimings, SessionFailed), a
+events the scheduler produces (AudioOut, ResponseFinished, ResponseTimings, SessionFailed; a
+step's events together in one StepEvents), a
 Report of what the core holds, and Replies to barriers and queries. The in-process engine and
 the engine process carry exactly these messages; only the carrier differs (a queue, or a pipe).
 Modelled on vLLM v1's EngineCoreRequest / EngineCoreOutputs.
@@ -121,6 +122,14 @@ SessionEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTim
 
 
 @dataclass(frozen=True, slots=True)
+class StepEvents:
+    """The per-session events of one engine step, in order: one message a step rather than
+    one per event, so an engine process pickles and writes once per step."""
+
+    events: tuple[SessionEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """What the core holds and measured since the last report."""
 
@@ -129,6 +138,8 @@ class Report:
     stage_samples: dict[str, tuple[list[float], list[float], list[int]]]
     load: float
     busy_s: float
+    steps: int
+    """Steps that ran a plan, since the core started (busy_s is their time)."""
     alive: bool
     """False in the core's last report, sent as its thread dies of an error."""
     caches: dict[str, CacheStats] = field(default_factory=dict)
@@ -142,4 +153,4 @@ class Reply:
     error: str | None = None
 
 
-Output = SessionEvent | Report | Reply
+Output = SessionEvent | StepEvents | Report | Reply

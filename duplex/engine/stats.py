@@ -27,6 +27,7 @@ class StageStats:
             "queue_ms": percentiles(self.queue_ms),
             "mean_batch": round(float(np.mean(self.batch_sizes)), 3) if self.batch_sizes else None,
             "calls": len(self.batch_sizes),
+            "items": int(sum(self.batch_sizes)),
         }
 
 
@@ -34,6 +35,7 @@ class EngineStats:
     def __init__(self) -> None:
         self.stages: dict[str, StageStats] = defaultdict(StageStats)
         self.busy_s = 0.0
+        self.steps = 0
 
     def summary(self) -> dict[str, object]:
         return {name: st.summary() for name, st in sorted(self.stages.items())}

@@ -36,7 +36,7 @@ from models.qwen3_omni.encoders import (
     VisionEncoder,
     VisionFeatures,
 )
-from models.qwen3_omni.options import Qwen3OmniOptions, Sampling
+from models.qwen3_omni.options import Qwen3OmniOptions, Sampling, Stream
 from models.qwen3_omni.session import Pools, Session
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.thinker import ContextTooLong, Thinker
@@ -171,12 +171,7 @@ class Qwen3OmniAdapter(DuplexModel):
 
     def new_state(self, session_id: str) -> ModelState:
         seed = (zlib.crc32(session_id.encode()) ^ self.options.seed) & 0x7FFFFFFF
-        sess = Session(
-            session_id,
-            self._pools,
-            torch.Generator(device=self.device).manual_seed(seed),
-            torch.Generator(device=self.device).manual_seed(seed ^ 0x5A5A5A5A),
-        )
+        sess = Session(session_id, self._pools, Stream(seed), Stream(seed ^ 0x5A5A5A5A))
         self._thinker.start(sess)
         return ModelState(session_id, {STATE_KEY: sess})
 

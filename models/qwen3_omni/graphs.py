@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from models.qwen3_omni.options import Sampling, filtered
+from models.qwen3_omni.options import Sampling, Stream, filtered, uniform_block
 
 log = logging.getLogger("duplex.models")
 
@@ -99,18 +99,15 @@ class StaticResidual:
             "kv": tuple(self.kv.keys[0].shape),
         }
 
-    def load(self, hidden: torch.Tensor, first: torch.Tensor,
-             gens: list[torch.Generator]) -> None:
-        """Copy a batch of `len(gens)` rows in; rows past it keep what they held (discarded)."""
+    def load(self, hidden: torch.Tensor, first: torch.Tensor, streams: list[Stream]) -> None:
+        """Copy a batch of `len(streams)` rows in; rows past it keep what they held (discarded)."""
         n = hidden.shape[0]
         self.hidden[:n].copy_(hidden)
         self.first[:n].copy_(first)
         if self.sampling.temperature > 0:
             shape = self.noise.shape[1:]
-            for b, gen in enumerate(gens):
-                self.noise[b].copy_(
-                    torch.rand(shape, generator=gen, device=gen.device).to(self.noise.device)
-                )
+            noise = uniform_block(streams, shape.numel()).reshape(n, *shape)
+            self.noise[:n].copy_(torch.from_numpy(noise))
 
     def run(self) -> None:
         predictor = self.predictor
@@ -157,14 +154,14 @@ class GraphedResidual:
         self.failed = False
 
     def __call__(self, hidden: torch.Tensor, first: torch.Tensor,
-                 gens: list[torch.Generator]) -> torch.Tensor | None:
+                 streams: list[Stream]) -> torch.Tensor | None:
         size = bucket(hidden.shape[0])
         if size is None or self.failed:
             return None
         if size not in self._graphs and not self._capture(size):
             return None
         static = self._static[size]
-        static.load(hidden, first, gens)
+        static.load(hidden, first, streams)
         self._graphs[size].replay()
         return static.codes[: hidden.shape[0]].clone()
 

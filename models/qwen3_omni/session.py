@@ -16,6 +16,7 @@ import torch
 from models.kv import SlotKV, tensor_bytes
 from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
+from models.qwen3_omni.options import Stream
 
 OTHER, USER, PREFIX = 0, 1, 2
 """Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
@@ -46,8 +47,8 @@ class Piece:
 class Session:
     sid: str
     pools: Pools
-    thinker_gen: torch.Generator
-    talker_gen: torch.Generator
+    thinker_gen: Stream
+    talker_gen: Stream
     thinker_slot: int | None = None
     keep: int = 0
     """Leading Thinker positions (the system prompt) that eviction never drops."""

@@ -146,12 +146,10 @@ class Talker:
         new = [x.shape[0] for _, x in rows]
         q, batch = max(new), len(rows)
         embeds = torch.nn.utils.rnn.pad_sequence([x for _, x in rows], batch_first=True)
-        steps = torch.arange(q)
-        positions = torch.stack(
-            [
-                sess.talker_pos + steps.clamp(max=n - 1)
-                for sess, n in zip(sessions, new, strict=True)
-            ]
+        # Padding repeats a row's last position so rotary phases stay in range.
+        last_step = torch.tensor(new)[:, None] - 1
+        positions = torch.tensor([s.talker_pos for s in sessions])[:, None] + torch.minimum(
+            torch.arange(q)[None], last_step
         )
         kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new)
         out = self.module.model(
@@ -176,12 +174,13 @@ class Talker:
         go = [b for b, code in enumerate(first_list) if code != self.codec_eos]
         codes = self._residual_codes(last[go], first[go], [sessions[b] for b in go]) if go else None
         result = []
+        rows = iter(codes) if codes is not None else iter(())
         for b, sess in enumerate(sessions):
             if first_list[b] == self.codec_eos:
                 sess.talker_done = True
                 result.append(TalkerFrame(None, True))
                 continue
-            frame = codes[go.index(b)]
+            frame = next(rows)
             sess.last_codes = frame
             sess.frames += 1
             sess.talker_done = sess.frames >= opts.max_frames

@@ -20,7 +20,7 @@ from models.qwen3_omni.graphs import (
     gumbel_draw,
     residual_graphs,
 )
-from models.qwen3_omni.options import filtered
+from models.qwen3_omni.options import Stream, filtered
 from models.qwen3_omni.tiny import build_tiny, load_preprocessor
 
 ARGMAX = Sampling(0.0)
@@ -106,7 +106,7 @@ def test_sampled_codes_come_from_each_sessions_own_generator(adapter):
     first = torch.tensor([5, 9])
 
     def frame(seeds):
-        runner.load(hidden, first, [torch.Generator().manual_seed(s) for s in seeds])
+        runner.load(hidden, first, [Stream(s) for s in seeds])
         runner.run()
         return runner.codes.clone()
 
