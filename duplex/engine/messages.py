@@ -24,6 +24,7 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
+from duplex.engine.lockstep import DuplexDropped, DuplexOut, TickCost
 from models.base import TextTurn
 from models.reply import ReplySpec
 
@@ -76,6 +77,14 @@ class CancelReply:
 
 
 @dataclass(frozen=True, slots=True)
+class SetDuplex:
+    """The session runs native full duplex (lockstep frames) from now on, or turns again."""
+
+    session_id: str
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CloseSession:
     session_id: str
 
@@ -108,15 +117,16 @@ class Query:
 
 Request = (
     OpenSession | PushAudio | PushFrame | PushText | Instruct | Commit | ClearInput
-    | CancelReply | CloseSession | Barrier | Query
+    | CancelReply | CloseSession | Barrier | Query | SetDuplex
 )
 SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Instruct, Commit, ClearInput, CancelReply,
-                    CloseSession)
+                    CloseSession, SetDuplex)
 """Requests about one open session: moot once it is closed."""
 
 # -- outputs ----------------------------------------------------------------------------------
 
-SessionEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings | SessionFailed
+SessionEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+                | SessionFailed | DuplexOut | DuplexDropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +140,9 @@ class Report:
     busy_s: float
     alive: bool
     """False in the core's last report, sent as its thread dies of an error."""
+    duplex_tick: TickCost | None = None
+    """The measured cost of a lockstep tick of the duplex sessions, None before any."""
+    duplex_sessions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
