@@ -103,6 +103,7 @@ class RealtimeSession(SessionLoop):
             duplex_events=duplex_events,
             voices=Voices(engine.model.voices, engine.model.default_voice),
             transcription_models=transcriber.names if transcriber is not None else (),
+            native_duplex=engine.model.duplex_delay_frames is not None,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media
