@@ -52,6 +52,15 @@ class EngineSettings(_Section):
     them on a thread of the server process."""
 
 
+class DuplexSettings(_Section):
+    max_lag_ms: int = Field(400, ge=80, le=10_000)
+    """A native duplex session further behind its input than this drops its oldest frames and
+    resyncs, so latency stays bounded when the engine cannot keep up."""
+    default_mode: dict[str, Literal["turns", "duplex"]] = {}
+    """Per model (its --model name): how its sessions start. "duplex" runs every new session
+    (WebSocket, WebRTC, Twilio) natively full duplex until a client asks for turns."""
+
+
 class RealtimeSettings(_Section):
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_input_lead_ms: int = Field(5000, ge=100)
@@ -140,6 +149,7 @@ class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
     engine: EngineSettings = EngineSettings()
+    duplex: DuplexSettings = DuplexSettings()
     realtime: RealtimeSettings = RealtimeSettings()
     webrtc: WebRTCSettings = WebRTCSettings()
     telephony: TelephonySettings = TelephonySettings()

@@ -84,6 +84,7 @@ def create_app(settings: Settings) -> Starlette:
                 max_sessions=es.max_sessions,
                 max_load=es.max_load,
                 scheduler=SchedulerConfig(max_batch=es.max_batch, audio_lead_s=es.audio_lead_s),
+                duplex_max_lag_ms=settings.duplex.max_lag_ms,
             ),
             torch_threads=es.torch_threads,
             log_level=settings.server.log_level,
