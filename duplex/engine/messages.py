@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from duplex.engine.lockstep import DuplexDropped, DuplexOut, TickCost
 from duplex.engine.scheduler import (
     AudioOut,
     Drop,
@@ -24,7 +25,6 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
-from duplex.engine.lockstep import DuplexDropped, DuplexOut, TickCost
 from models.base import TextTurn
 from models.reply import ReplySpec
 

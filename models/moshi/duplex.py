@@ -47,14 +47,16 @@ def duplex_step(
         text_in = [t.text_in if t.frames else adapter.text_start for t in turns]
         text = torch.tensor(text_in, device=adapter._device)[:, None]
         moshi = torch.stack([t.moshi_in for t in turns])[:, :, None]
-        delayed = torch.stack([adapter._delay_user(t, u[:, None]) for t, u in zip(turns, user)])
+        delayed = torch.stack(
+            [adapter._delay_user(t, u[:, None]) for t, u in zip(turns, user, strict=True)]
+        )
         hidden = adapter._main_step(states, adapter._embed(text, moshi, delayed))
         hidden = adapter.model.decoder.model.norm(hidden)[:, -1]
         tokens = adapter.model.decoder.lm_head(hidden).argmax(-1)
     with timer("depth", n):
         codes = adapter._depth(hidden[:, None], tokens)
     out_codes, rows = [], []
-    for i, (turn, token, step_codes) in enumerate(zip(turns, tokens.tolist(), codes)):
+    for i, (turn, token, step_codes) in enumerate(zip(turns, tokens.tolist(), codes, strict=True)):
         turn.frames += 1
         turn.text_in = token
         if turn.pending_cb0 is not None:

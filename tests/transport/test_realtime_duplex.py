@@ -201,3 +201,30 @@ def test_segments_never_send_a_fenced_or_stale_frame(steps, stretch):
                     open_ = False
         fenced = fenced and seg.fenced
         assert open_ == seg.speaking
+
+
+def test_twilio_call_in_duplex_sends_every_frame_silence_included_and_speech_interrupts_nothing():
+    from duplex.transport.twilio.protocol import FRAME as TWILIO_FRAME
+    from duplex.transport.twilio.protocol import Options, TwilioProtocol
+    from tests.transport.test_twilio_protocol import SID, Peer
+
+    p = TwilioProtocol("call_d", model_input_rate=24000, model_output_rate=24000,
+                       options=Options(duplex=True))
+    peer = Peer(p)
+    peer.connected()
+    assert EngineSetDuplex(True) in peer.start()
+    out, now = [], 0
+    frames = [SILENT, voiced(1), voiced(2), SILENT, SILENT, voiced(3)]
+    for k, pcm in enumerate(frames):
+        out += p.on_engine_duplex(0, pcm, f"t{k}" if pcm.any() else "", bool(pcm.any()))
+        out += p.on_vad([0.99] * 4)
+        now += 640  # 80 ms at 8 kHz
+        out += p.release_output(now)
+    out += p.release_output(now + 8000)
+    media = [e.event for e in out if isinstance(e, Send) and e.event["event"] == "media"]
+    assert all(m["streamSid"] == SID for m in media)
+    # Every 80 ms frame goes out as four 20 ms media messages (the resampler keeps a short
+    # tail of the last one until more comes).
+    assert len(media) * TWILIO_FRAME >= (len(frames) - 1) * 640
+    assert not [e for e in out if isinstance(e, Send) and e.event["event"] == "clear"]
+    assert not any(isinstance(e, EngineCancel) for e in out)

@@ -5,6 +5,7 @@ spoken segment a client gets back is exactly what it said, whatever its neighbou
 import asyncio
 import base64
 
+import httpx
 import numpy as np
 import pytest
 
@@ -107,3 +108,21 @@ async def test_a_cancelled_segment_stops_at_response_done_and_the_next_comes_who
         assert done.id != cancelled and done.status == "completed"
         assert audio == next_one
         assert seen.count("response.created") == 1
+
+
+@pytest.mark.slow
+async def test_a_model_whose_default_mode_is_duplex_starts_every_session_in_it(server_process,
+                                                                               tmp_path):
+    config = tmp_path / "duplex.toml"
+    config.write_text('[duplex]\ndefault_mode = { echo = "duplex" }\n')
+    server = server_process("--model", "echo", "--config", str(config))
+    health = httpx.get(f"{server.url}/healthz").json()
+    assert health["duplex"] and health["duplex_default"]
+    async with client_for(server).realtime.connect(model="echo") as conn:
+        created = await conn.recv()
+        assert created.session.audio.input.turn_detection.type == "duplex"
+        said = burst(7, 4)
+        # The default stretch of silence that ends a segment is 500 ms: seven frames.
+        await append(conn, silence(2) + said + silence(8))
+        got, _, _ = await responses(conn, 1)
+        assert [audio for _, audio in got] == [said]

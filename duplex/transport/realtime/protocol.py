@@ -148,6 +148,7 @@ class RealtimeProtocol:
         transcription_models: tuple[str, ...] = (),
         native_duplex: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
+        start_duplex: bool = False,
     ) -> None:
         self.session_id = session_id
         self.resume_token = resume_token
@@ -158,6 +159,11 @@ class RealtimeProtocol:
         self.beta = beta
         self.limits = limits or Limits()
         self.settings = SessionSettings(duplex_events=duplex_events)
+        if start_duplex and native_duplex:
+            # The model's configured default mode (duplex.default_mode): a client may ask for
+            # turns with session.update.
+            self.settings = replace(self.settings,
+                                    turn_detection=schema.TurnDetection(type="duplex"))
         self.voices = voices or Voices()
         self.transcription_models = transcription_models
         self.native_duplex = native_duplex
