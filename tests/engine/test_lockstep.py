@@ -74,6 +74,13 @@ def test_sessions_joining_at_different_times_get_their_input_lagged_on_the_timel
             want = inputs[name][source] if source >= 0 else np.zeros(FRAME, np.float32)
             assert np.array_equal(o.pcm, want), (name, k)
             assert o.voiced == bool(want.any())
+    # While open, each holds its lag's buffered frame; closed, nothing at all.
+    eng.wait_idle()
+    assert eng.bytes_by_session() == {name: FRAME * 4 for name in inputs}
+    for name in inputs:
+        eng.close(name)
+    eng.wait_idle()
+    assert eng.total_bytes_held() == 0
     # Ticks were shared: some model steps took more than one session.
     until(lambda: eng.wait_idle() and max(eng.stats.stages["duplex_echo"].batch_sizes) > 1,
           "a tick that stepped several sessions at once")

@@ -228,3 +228,15 @@ def test_twilio_call_in_duplex_sends_every_frame_silence_included_and_speech_int
     assert len(media) * TWILIO_FRAME >= (len(frames) - 1) * 640
     assert not [e for e in out if isinstance(e, Send) and e.event["event"] == "clear"]
     assert not any(isinstance(e, EngineCancel) for e in out)
+
+
+def test_duplex_refused_for_lack_of_room_leaves_the_session_taking_turns():
+    p = make()
+    p.receive_text(json.dumps(DUPLEX))
+    events = sent(p.duplex_refused("a duplex tick of 9 sessions would take about 95 ms"))
+    assert types(events) == ["error", "session.updated"]
+    assert events[0]["error"]["code"] == "session_limit_reached"
+    assert events[1]["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert p.segments is None
+    # A duplex frame still in flight from the engine goes nowhere.
+    assert sent(p.on_engine_duplex(0, voiced(1), "x", True)) == []
