@@ -126,3 +126,33 @@ async def test_a_model_whose_default_mode_is_duplex_starts_every_session_in_it(s
         await append(conn, silence(2) + said + silence(8))
         got, _, _ = await responses(conn, 1)
         assert [audio for _, audio in got] == [said]
+
+
+@pytest.mark.slow
+async def test_tiny_moshi_in_duplex_speaks_as_frames_come_and_keeps_listening(server_process,
+                                                                             tiny_moshi_dir):
+    """The random-weight Moshi speaks from its first frames on (its audio is noise, its text
+    random pieces): a response opens, audio and transcript deltas stream at real time, and a
+    cancel ends it without closing the session."""
+    from duplex.bench.synth import babble
+
+    server = server_process("--model", str(tiny_moshi_dir))
+    async with client_for(server).realtime.connect(model="tiny-moshi") as conn:
+        await start_duplex(conn)
+        await append(conn, pcm16(babble(RATE * 2, seed=5)))
+        seen = []
+        async for event in conn:
+            seen.append(event.type)
+            if seen.count("response.output_audio.delta") >= 3:
+                break
+        assert "response.created" in seen
+        assert "response.output_audio_transcript.delta" in seen
+        await conn.response.cancel()
+        async for event in conn:
+            if event.type == "response.done":
+                assert event.response.status == "cancelled"
+                break
+        await conn.session.update(session={"type": "realtime", "instructions": "still here"})
+        async for event in conn:
+            if event.type == "session.updated":
+                break
