@@ -72,9 +72,16 @@ def test_duplex_on_a_model_that_runs_it_starts_lockstep():
     [updated] = sent(out)
     assert updated["session"]["audio"]["input"]["turn_detection"] == {
         "type": "duplex", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 240}
+    # Back to turns in the middle of a spoken segment: it ends, cancelled, and nothing of it
+    # follows.
+    p.on_engine_duplex(0, voiced(1), "a", True)
+    p.release_output(FRAME)
     back = p.receive_text(json.dumps({"type": "session.update", "session": {
         "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
     assert EngineSetDuplex(False) in back
+    done = [e for e in sent(back) if e["type"] == "response.done"]
+    assert done[0]["response"]["status"] == "cancelled" and p.response is None
+    assert sent(p.on_engine_duplex(0, voiced(2), "b", True)) == []
 
 
 def test_duplex_asked_of_a_turn_based_model_is_an_error_naming_those_that_can():

@@ -421,7 +421,8 @@ class RealtimeProtocol:
             if want:
                 self.segments.silence_samples = self._silence_samples(td)
             return
-        if want and self.response is not None:
+        if self.response is not None:
+            # A reply of the other mode would never end in this one.
             self._cancel(out, "turn_detection_changed")
         self.segments = DuplexSegments(self._silence_samples(td)) if want else None
         out.append(EngineSetDuplex(want))
