@@ -153,9 +153,7 @@ class EngineCore:
         if lockstep is not None:
             drops, lockstep.drops = drops + lockstep.drops, []
         self.emit(m.Report(dict(self._bytes), drops, self.stats.take(), self.load,
-                           self.stats.busy_s, alive,
-                           lockstep.cost() if lockstep else None,
-                           len(lockstep.slots) if lockstep else 0))
+                           self.stats.busy_s, alive, lockstep.cost() if lockstep else None))
 
     def _apply_requests(self, block_s: float) -> None:
         try:

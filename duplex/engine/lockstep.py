@@ -81,8 +81,6 @@ class DuplexSlot:
     frames: deque[_Frame] = field(default_factory=deque)
     last_due: float | None = None
     next_index: int = 0
-    stepped: int = 0
-    dropped: int = 0
 
     @property
     def queued_bytes(self) -> int:
@@ -162,7 +160,6 @@ class Lockstep:
         gone = [f for f in slot.frames if f.due <= now][:-1]
         for _ in gone:
             slot.frames.popleft()
-        slot.dropped += len(gone)
         self.drops.append(Drop(slot.session_id, "duplex_frame", len(gone),
                                sum(f.pcm.nbytes for f in gone), "behind"))
         return [DuplexDropped(slot.session_id, len(gone) * self.frame, "behind")]
@@ -191,7 +188,6 @@ class Lockstep:
         self._measure((done - t0) * 1000, len(ready))
         ratio = self.model.output_rate / self.model.input_rate
         for (slot, frame), out in zip(ready, outs, strict=True):
-            slot.stepped += 1
             late_ms = (done - frame.due) * 1000
             start = round((frame.media_start + self.frame) * ratio)
             events.append(DuplexOut(slot.session_id, slot.epoch, frame.index, out.pcm, out.text,

@@ -142,7 +142,6 @@ class Report:
     """False in the core's last report, sent as its thread dies of an error."""
     duplex_tick: TickCost | None = None
     """The measured cost of a lockstep tick of the duplex sessions, None before any."""
-    duplex_sessions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
