@@ -1,7 +1,9 @@
-"""A phone call in native duplex: `duplex serve --model echo` with echo's default mode set to
-duplex, called by a simulated Twilio peer. Every model frame reaches the caller, silence
-included, in order, and what the caller said comes back once the model frame holding it (80 ms)
-is complete."""
+"""Calls in native duplex, with `duplex serve --model echo` and echo's default mode set to duplex.
+
+A simulated Twilio peer gets every model frame, silence included, in order, and hears what it
+said once the model frame holding it (80 ms) is complete. An aiortc caller hears itself while
+it still speaks, and nothing interrupts.
+"""
 
 import asyncio
 import base64
@@ -79,3 +81,34 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
     first_sent = sent_at[said[0] // FRAME]
     first_back = arrived[loud[0] // FRAME]
     assert 0.06 <= first_back - first_sent < 0.5, first_back - first_sent
+
+
+@pytest.mark.slow
+async def test_a_webrtc_call_in_duplex_hears_itself_while_speaking_and_nothing_interrupts(
+        server_process, tmp_path):
+    from duplex.bench.synth import babble
+    from tests.transport.test_webrtc import RATE as RTC_RATE
+    from tests.transport.test_webrtc import Caller, best_correlation
+
+    config = tmp_path / "duplex.toml"
+    config.write_text('[duplex]\ndefault_mode = { echo = "duplex" }\n')
+    server = server_process("--model", "echo", "--config", str(config))
+    caller = Caller()
+    try:
+        await caller.connect(server.url)
+        created = await caller.wait_for("session.created")
+        assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "duplex"
+        speech = np.clip(babble(RTC_RATE * 2, rate=RTC_RATE, seed=31), -1, 1)
+        caller.mic.say(np.concatenate([np.zeros(RTC_RATE // 2), speech]))
+        # The model (echo) speaks while the caller still does: overlap is the model's business.
+        await caller.wait_for("output_audio_buffer.started", timeout=30)
+        started_at = caller.events[caller.types().index("output_audio_buffer.started")][0]
+        await caller.wait_for("input_audio_buffer.speech_started", timeout=30)
+        done = await caller.wait_for("response.done", timeout=30)
+        assert done["response"]["status"] == "completed"
+        assert "output_audio_buffer.cleared" not in caller.types()
+        await asyncio.sleep(0.3)
+        heard = np.concatenate([pcm for t, pcm in caller.heard if t >= started_at - 0.2])
+        assert best_correlation(heard, speech[RTC_RATE // 2 : RTC_RATE]) > 0.6
+    finally:
+        await caller.close()
