@@ -221,7 +221,7 @@ _ENGINE_EVENTS: dict[type, Callable[[Any, Any], list]] = {
     ToolCallOut: lambda p, e: p.on_engine_tool_call(e.epoch, e.piece),
     ResponseFinished: lambda p, e: p.on_engine_finished(e.epoch, e.reason),
     SessionFailed: lambda p, e: p.on_engine_failed(e.message),
-    DuplexOut: lambda p, e: p.on_engine_duplex(e.epoch, e.pcm, e.text, e.voiced),
+    DuplexOut: lambda p, e: p.on_engine_duplex(e.epoch, e.pcm, e.text, e.voiced, e.media_start),
     DuplexDropped: lambda p, e: p.on_duplex_dropped(e.n_samples, e.reason),
 }
 

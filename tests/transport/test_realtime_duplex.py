@@ -247,3 +247,16 @@ def test_duplex_refused_for_lack_of_room_leaves_the_session_taking_turns():
     assert p.segments is None
     # A duplex frame still in flight from the engine goes nowhere.
     assert sent(p.on_engine_duplex(0, voiced(1), "x", True)) == []
+
+
+def test_clients_that_ask_learn_where_each_reply_sits_on_the_input_timeline():
+    p = RealtimeProtocol("sess_d", model="echo", model_input_rate=24000, model_output_rate=24000,
+                         native_duplex=True, duplex_events=True)
+    p.start()
+    p.receive_text(json.dumps(DUPLEX))
+    # Echo with a one-frame lag: input frame 7 comes back as the output of its own step, which
+    # starts where input frame 7 ends.
+    events = sent(p.on_engine_duplex(0, voiced(1), "", True, at=8 * FRAME))
+    placed = [e for e in events if e["type"] == "duplex.response.placed"]
+    assert placed == [{"type": "duplex.response.placed", "event_id": placed[0]["event_id"],
+                       "response_id": p.response.id, "audio_start_ms": 8 * 80}]

@@ -28,6 +28,8 @@ BETA_PARAM = "session.turn_detection.type"
 @dataclass(frozen=True)
 class SegmentStart:
     epoch: int
+    at: int
+    """Where its first frame lies on the session's timeline (model output samples)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class DuplexSegments:
     dropped_frames: int = 0
     """Frames of a cancelled segment or an old epoch that were never sent."""
 
-    def frame(self, epoch: int, pcm: Any, text: str, voiced: bool) -> list[SegmentAction]:
+    def frame(self, epoch: int, pcm: Any, text: str, voiced: bool,
+              at: int = 0) -> list[SegmentAction]:
         if epoch < self.epoch:
             self.dropped_frames += 1
             return []
@@ -72,7 +75,7 @@ class DuplexSegments:
             if not voiced:
                 return []
             self.speaking, self.silent_run = True, 0
-            return [SegmentStart(epoch), SegmentAudio(epoch, pcm, text)]
+            return [SegmentStart(epoch, at), SegmentAudio(epoch, pcm, text)]
         if voiced:
             out = [SegmentAudio(epoch, p, t) for p, t in self.held]
             self.held, self.silent_run = [], 0

@@ -780,22 +780,31 @@ class RealtimeProtocol:
             self.replies.on_audio(epoch, pcm, text)
         return []
 
-    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str,
-                         voiced: bool) -> list[Effect]:
-        """One output frame of a duplex model: spoken segments become responses."""
+    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str, voiced: bool,
+                         at: int = 0) -> list[Effect]:
+        """One output frame of a duplex model, its first sample at `at` on the session's
+        timeline (model output rate): spoken segments become responses."""
         out: list[Effect] = []
         if self.closed or self.segments is None:
             return out
-        for action in self.segments.frame(epoch, pcm, text, voiced):
+        for action in self.segments.frame(epoch, pcm, text, voiced, at):
             if isinstance(action, SegmentStart):
                 if self.response is None:
                     settings = response_settings(self.settings, None, self.beta)
                     self.replies.start(out, settings, commit=False)
+                    self._segment_placed(out, action.at)
             elif isinstance(action, SegmentAudio):
                 self.replies.on_audio(action.epoch, action.pcm, action.text)
             elif isinstance(action, SegmentEnd):
                 self.replies.on_finished(action.epoch, "completed")
         return out
+
+    def _segment_placed(self, out: list[Effect], at: int) -> None:
+        """Where the reply starts on the input timeline, for clients that asked for duplex's
+        own events: output frame k lies at input frame k + the model's delay."""
+        if self.settings.duplex_events and self.response is not None:
+            self._emit(out, "duplex.response.placed", response_id=self.response.id,
+                       audio_start_ms=at * 1000 // self.clock.model_output_rate)
 
     def on_duplex_dropped(self, n_samples: int, reason: str) -> list[Effect]:
         self.duplex_dropped[reason] = self.duplex_dropped.get(reason, 0) + n_samples

@@ -352,8 +352,8 @@ class TwilioProtocol:
             r.engine_done = True
         return []
 
-    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str,
-                         voiced: bool) -> list[Effect]:
+    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str, voiced: bool,
+                         at: int = 0) -> list[Effect]:
         """A duplex output frame, silence included: straight on to the caller."""
         r = self.reply
         if self.duplex and r is not None and epoch == r.epoch and not self.closed:
