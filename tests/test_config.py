@@ -47,3 +47,12 @@ def test_missing_and_malformed_files(tmp_path):
     broken.write_text("[server\n")
     with pytest.raises(ConfigError, match="broken.toml: not valid TOML"):
         load_settings(broken, environ={})
+
+
+def test_the_duplex_config_runs_moshi_sessions_duplex_and_refuses_unknown_modes(tmp_path):
+    settings = load_settings(ROOT / "configs" / "moshi-duplex.toml", environ={})
+    assert settings.duplex.default_mode[settings.model.name] == "duplex"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[duplex]\ndefault_mode = { echo = "always" }\n')
+    with pytest.raises(ConfigError, match="duplex.default_mode"):
+        load_settings(bad, environ={})
