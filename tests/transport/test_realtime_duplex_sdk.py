@@ -156,3 +156,21 @@ async def test_tiny_moshi_in_duplex_speaks_as_frames_come_and_keeps_listening(se
         async for event in conn:
             if event.type == "session.updated":
                 break
+
+
+@pytest.mark.slow
+async def test_duplex_asked_of_a_turn_based_model_is_an_error_and_the_session_goes_on(
+        server_process, tiny_omni_dir):
+    server = server_process("--model", str(tiny_omni_dir))
+    async with client_for(server).realtime.connect(model="tiny-omni") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session=DUPLEX)
+        error = await conn.recv()
+        assert error.type == "error" and error.error.code == "invalid_value"
+        assert error.error.param == "session.audio.input.turn_detection.type"
+        assert "tiny-moshi" in error.error.message
+        await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        updated = await conn.recv()
+        assert updated.type == "session.updated"
+        assert updated.session.audio.input.turn_detection.type == "server_vad"
+        assert updated.session.instructions == "Be brief."
