@@ -99,6 +99,10 @@ def _bench(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     model = args.model or settings.model.name
     resolve_model(model, settings.model.cache_dir)
+    if args.mode == "duplex":
+        from duplex.bench.duplex_mode import run_cli
+
+        return run_cli(args, settings, model)
     report = bench(
         model,
         settings.model.cache_dir,
@@ -310,6 +314,20 @@ def build_parser() -> argparse.ArgumentParser:
         "turn lengths from the speech fixtures, random pauses and barge-ins",
     )
     bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    bench.add_argument(
+        "--mode",
+        choices=["turns", "duplex"],
+        default="turns",
+        help="turns: turn-based sessions (default); duplex: always-on native duplex sessions "
+        "stepped in lockstep (a model with a duplex mode: echo, tiny-moshi, Moshi)",
+    )
+    bench.add_argument(
+        "--long-call",
+        type=int,
+        metavar="STEPS",
+        help="with --mode duplex: one session for STEPS frames on a simulated clock, reporting "
+        "the bytes it holds (flat once the model's windows fill)",
+    )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

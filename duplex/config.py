@@ -70,6 +70,15 @@ class CacheSettings(_Section):
     """Vision encoder features of images seen before."""
 
 
+class DuplexSettings(_Section):
+    max_lag_ms: int = Field(400, ge=80, le=10_000)
+    """A native duplex session further behind its input than this drops its oldest frames and
+    resyncs, so latency stays bounded when the engine cannot keep up."""
+    default_mode: dict[str, Literal["turns", "duplex"]] = {}
+    """Per model (its --model name): how its sessions start. "duplex" runs every new session
+    (WebSocket, WebRTC, Twilio) natively full duplex until a client asks for turns."""
+
+
 class RealtimeSettings(_Section):
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_input_lead_ms: int = Field(5000, ge=100)
@@ -163,6 +172,7 @@ class Settings(_Section):
     model: ModelSettings = ModelSettings()
     engine: EngineSettings = EngineSettings()
     caches: CacheSettings = CacheSettings()
+    duplex: DuplexSettings = DuplexSettings()
     realtime: RealtimeSettings = RealtimeSettings()
     webrtc: WebRTCSettings = WebRTCSettings()
     telephony: TelephonySettings = TelephonySettings()

@@ -52,6 +52,7 @@ def engine_spec(settings: Settings) -> ChildSpec:
             max_sessions=es.max_sessions,
             max_load=es.max_load,
             scheduler=SchedulerConfig(max_batch=es.max_batch, audio_lead_s=es.audio_lead_s),
+            duplex_max_lag_ms=settings.duplex.max_lag_ms,
         ),
         torch_threads=es.torch_threads,
         log_level=settings.server.log_level,
@@ -76,12 +77,15 @@ def create_app(settings: Settings) -> Starlette:
     admission = Admission(lim, seats=seats)
     gate = Gate(settings.auth, settings.telephony, registry, admission)
     metrics = Metrics(settings.model.name)
+    duplex_default = settings.duplex.default_mode.get(settings.model.name) == "duplex"
     metrics.active_sessions.set_function(lambda: len(hub))
 
     async def healthz(_request: Request) -> JSONResponse:
         engine = parts.get("engine")
         # A server whose engine has died answers nothing useful; say so to load balancers.
         up = engine is not None and engine.alive
+        info = getattr(engine, "model", None)
+        native = info is not None and info.duplex_delay_frames is not None
         return JSONResponse(
             {
                 "status": "ok" if up else "engine_down",
@@ -90,6 +94,8 @@ def create_app(settings: Settings) -> Starlette:
                 "active_sessions": len(hub),
                 "node_id": node_id,
                 "store": ss.backend,
+                "duplex": native,
+                "duplex_default": native and duplex_default,
             },
             status_code=200 if up else 503,
         )
@@ -139,17 +145,19 @@ def create_app(settings: Settings) -> Starlette:
     calls = CallRegistry(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
         settings.webrtc, admission=gate.admission, transcriber_getter=lambda: parts["transcriber"],
+        duplex_default=duplex_default,
     )
     realtime = realtime_endpoint(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
         registry=registry, heartbeat_s=ss.heartbeat_s, metrics=metrics,
-        transcriber_getter=lambda: parts["transcriber"],
+        transcriber_getter=lambda: parts["transcriber"], duplex_default=duplex_default,
     )
 
     ts = settings.telephony
     twilio = twilio_endpoint(
         lambda: parts["engine"], lambda: parts["vad"],
-        TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit),
+        TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit,
+                      duplex=duplex_default),
         metrics, hub,
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,6 +85,34 @@ class OfflineCodec:
     """Codes (B, Q, T) -> float32 PCM (B, T * frame_samples - delay_samples), in one call."""
 
 
+@dataclass(frozen=True)
+class DuplexFrame:
+    """One session's output of one lockstep step: a whole frame, silence included."""
+
+    pcm: np.ndarray
+    """`frame_samples` float32 samples at `output_rate`."""
+    text: str
+    """What the model's text stream wrote at this step ("" for padding)."""
+    voiced: bool
+    """Whether the model is speaking in this frame (a spoken segment holds voiced frames)."""
+
+
+VOICED_RMS = 0.003
+"""Output RMS (about -50 dBFS) from which a frame counts as speech rather than silence."""
+
+
+def is_voiced(pcm: np.ndarray) -> bool:
+    return len(pcm) > 0 and float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64)))) >= VOICED_RMS
+
+
+StageTimer = Callable[[str, int], AbstractContextManager]
+"""`timer(stage, batch_size)` wraps one batched stage call of a lockstep step, to time it."""
+
+
+def untimed(stage: str, batch_size: int) -> AbstractContextManager:
+    return nullcontext()
+
+
 class DuplexModel(ABC):
     name: str
     input_rate: int
@@ -107,6 +136,9 @@ class DuplexModel(ABC):
     """Whether the last chunk of a turn may be short; if not, the engine pads it with silence."""
     device: str = "cpu"
     dtype: str = "float32"
+    duplex_delay_frames: int | None = None
+    """Native full duplex: the step that takes input frame k returns output frame k - delay + 1,
+    so output frame k lies on the timeline at input frame k + delay. None: turns only."""
 
     @abstractmethod
     def new_state(self, session_id: str) -> ModelState: ...
@@ -171,3 +203,11 @@ class DuplexModel(ABC):
     @abstractmethod
     def codec_decode(self, states: list[ModelState], codes: list[Any]) -> list[np.ndarray]:
         """Codes per session, (Q,) for one Talker frame or (Q, T) -> float32 PCM at output_rate."""
+
+    def duplex_step(
+        self, states: list[ModelState], frames: list[np.ndarray], timer: StageTimer = untimed
+    ) -> list[DuplexFrame]:
+        """One lockstep step of native full duplex: one input frame (`input_chunk_samples`
+        float32) per session in, one output frame per session out, each stage one batched call.
+        Only models with `duplex_delay_frames` implement it."""
+        raise NotImplementedError(f"{self.name} does not run native full duplex")

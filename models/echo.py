@@ -3,7 +3,11 @@
 Deterministic and free of weights, it gives tests an exact oracle. After an audio turn the
 reply is the user's committed audio, sample for sample, one codec frame per Talker step, and
 its transcript is one word per frame ("frame0 frame1 ..."), so truncation at the playback
-watermark is visible in the transcript too. After text (a user text item, or a tool's output)
+watermark is visible in the transcript too.
+
+Native full duplex (`duplex_step`): output is input delayed by `duplex_lag_frames` frames, frame
+for frame, silence included, so the duplex timeline is testable exactly; a voiced frame's
+transcript is "frameK " where K is the index of the input frame it repeats. After text (a user text item, or a tool's output)
 the reply's text is that text verbatim, written a word at a time through the same Thinker-output
 handling a real checkpoint's text goes through (so a `<tool_call>` block in it comes back as a
 function call); each word is voiced as one frame of a quiet tone.
@@ -12,12 +16,23 @@ function call); each word is voiced as one frame of a quiet tone.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from models.base import DuplexModel, ModelState, TalkerFrame, TextTurn, ThinkerToken
+from models.base import (
+    DuplexFrame,
+    DuplexModel,
+    ModelState,
+    StageTimer,
+    TalkerFrame,
+    TextTurn,
+    ThinkerToken,
+    is_voiced,
+    untimed,
+)
 from models.reply import ReplySpec
 
 RATE = 24000
@@ -47,6 +62,21 @@ class _Echo:
         self.heard, self.said, self.reply, self.words, self.cursor = [], [], None, None, 0
 
 
+@dataclass
+class _Lag:
+    """Input frames heard in duplex and not yet repeated, and how many were heard."""
+
+    waiting: deque[np.ndarray] = field(default_factory=deque)
+    heard: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(frame.nbytes for frame in self.waiting)
+
+    def release(self) -> None:
+        self.waiting.clear()
+
+
 class EchoModel(DuplexModel):
     name = "echo"
     input_rate = RATE
@@ -56,8 +86,31 @@ class EchoModel(DuplexModel):
     accepts_partial_chunks = True
     accepts_text = True
 
+    def __init__(self, duplex_lag_frames: int = 1) -> None:
+        if duplex_lag_frames < 1:
+            raise ValueError("the duplex lag is at least one frame (output follows its input)")
+        self.duplex_delay_frames = duplex_lag_frames
+
     def new_state(self, session_id: str) -> ModelState:
-        return ModelState(session_id, {STATE_KEY: _Echo()})
+        return ModelState(session_id, {STATE_KEY: _Echo(), "lag": _Lag()})
+
+    def duplex_step(
+        self, states: list[ModelState], frames: list[np.ndarray], timer: StageTimer = untimed
+    ) -> list[DuplexFrame]:
+        out = []
+        with timer("echo", len(states)):
+            for state, frame in zip(states, frames, strict=True):
+                lag = state.slots["lag"]
+                lag.waiting.append(np.asarray(frame, dtype=np.float32).copy())
+                lag.heard += 1
+                if len(lag.waiting) < self.duplex_delay_frames:
+                    out.append(DuplexFrame(np.zeros(FRAME, np.float32), "", False))
+                    continue
+                pcm = lag.waiting.popleft()
+                voiced = is_voiced(pcm)
+                index = lag.heard - self.duplex_delay_frames
+                out.append(DuplexFrame(pcm, f"frame{index} " if voiced else "", voiced))
+        return out
 
     def reset_response(self, state: ModelState) -> None:
         echo = state.slots[STATE_KEY]

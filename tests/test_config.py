@@ -191,3 +191,12 @@ def test_cuda_graphs_and_dtype_reach_the_engine(monkeypatch):
     monkeypatch.setenv("DUPLEX_ENGINE__CUDA_GRAPHS", "true")
     spec = engine_spec(load_settings(cli={"model": {"dtype": "bfloat16"}}))
     assert (spec.cuda_graphs, spec.dtype) == (True, "bfloat16")
+
+
+def test_the_duplex_config_runs_moshi_sessions_duplex_and_refuses_unknown_modes(tmp_path):
+    settings = load_settings(ROOT / "configs" / "moshi-duplex.toml", environ={})
+    assert settings.duplex.default_mode[settings.model.name] == "duplex"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[duplex]\ndefault_mode = { echo = "always" }\n')
+    with pytest.raises(ConfigError, match="duplex.default_mode"):
+        load_settings(bad, environ={})

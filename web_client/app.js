@@ -4,7 +4,8 @@
 
 const $ = (id) => document.getElementById(id);
 const ui = {
-  connect: $("connect"), hangup: $("hangup"), camera: $("camera"), state: $("state"),
+  connect: $("connect"), hangup: $("hangup"), camera: $("camera"), duplex: $("duplex"),
+  state: $("state"),
   problem: $("problem"), transcript: $("transcript"), reply: $("reply"),
   received: $("received"), preview: $("preview"), server: $("server"),
 };
@@ -14,8 +15,13 @@ window.duplex = { events: [], audioBytesReceived: 0, state: "idle" };
 let pc = null, channel = null, callPath = null, media = null, statsTimer = null;
 let assistantLine = null, userLine = null, interruptedTimer = null;
 
+let duplexDefault = false;
+
 fetch("/healthz").then((r) => r.json()).then((h) => {
   ui.server.textContent = `model ${h.model} · ${h.active_sessions} active sessions · v${h.version}`;
+  // Native duplex is offered where the model runs it; the server's default mode is preset.
+  ui.duplex.disabled = !h.duplex;
+  duplexDefault = ui.duplex.checked = Boolean(h.duplex_default);
 }).catch(() => { ui.server.textContent = "the server does not answer"; });
 
 function setState(state, label) {
@@ -72,7 +78,13 @@ async function connect() {
     }
   };
   channel = pc.createDataChannel("oai-events");
-  channel.onmessage = (e) => onEvent(JSON.parse(e.data));  try {
+  channel.onmessage = (e) => onEvent(JSON.parse(e.data));
+  channel.onopen = () => {
+    if (ui.duplex.checked === duplexDefault) return;
+    const type = ui.duplex.checked ? "duplex" : "server_vad";
+    channel.send(JSON.stringify({ type: "session.update", session: { type: "realtime",
+      audio: { input: { turn_detection: { type } } } } }));
+  };  try {
     await pc.setLocalDescription(await pc.createOffer());
     // Per-stage timings come as duplex's own event, off unless a client asks for it.
     const resp = await fetch("/v1/realtime/calls?duplex_events=1", {

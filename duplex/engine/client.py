@@ -23,6 +23,7 @@ import numpy as np
 
 from duplex.engine import messages as m
 from duplex.engine.core import EngineConfig
+from duplex.engine.lockstep import TickCost, admit_duplex
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
@@ -75,12 +76,15 @@ class ModelInfo:
     input_chunk_samples: int
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
+    duplex_delay_frames: int | None = None
+    """Native full duplex: the model's fixed delay in frames; None for turns only."""
 
     @classmethod
     def of(cls, model) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
-                   model.input_chunk_samples, tuple(model.voices), model.default_voice)
+                   model.input_chunk_samples, tuple(model.voices), model.default_voice,
+                   model.duplex_delay_frames)
 
 
 @dataclass
@@ -110,6 +114,8 @@ class EngineClient(ABC):
         self._core_alive = True
         self.cache_stats: dict[str, CacheStats] = {}
         """The model's cache counters as of the core's last report."""
+        self.duplex_tick: TickCost | None = None
+        self._duplex: set[str] = set()
 
     # -- how requests travel (subclasses) ---------------------------------------------------
 
@@ -189,6 +195,21 @@ class EngineClient(ABC):
             framer.flush()
             self._submit(m.ClearInput(session_id))
 
+    def set_duplex(self, session_id: str, on: bool) -> None:
+        """Run the session as native full duplex (on) or turn by turn; raises
+        AdmissionRefused when one more duplex session would not fit the frame budget."""
+        if not self._check_open(session_id):
+            return
+        with self._lock:
+            if on and session_id not in self._duplex:
+                frame_ms = 1000 * self.model.input_chunk_samples / self.model.input_rate
+                why = admit_duplex(self.duplex_tick, len(self._duplex), frame_ms,
+                                   self.config.max_load)
+                if why is not None:
+                    raise AdmissionRefused(why, "engine.max_load")
+            (self._duplex.add if on else self._duplex.discard)(session_id)
+        self._submit(m.SetDuplex(session_id, on))
+
     def cancel(self, session_id: str, new_epoch: int) -> None:
         self._submit(m.CancelReply(session_id, new_epoch))
 
@@ -197,6 +218,7 @@ class EngineClient(ABC):
             if self._callers.pop(session_id, None) is None:
                 return
             self._framers.pop(session_id, None)
+            self._duplex.discard(session_id)
         self._submit(m.CloseSession(session_id))
 
     def _check_open(self, session_id: str) -> bool:
@@ -265,6 +287,7 @@ class EngineClient(ABC):
             self.load, self.stats.busy_s, self.stats.steps, self._core_alive = (
                 output.load, output.busy_s, output.steps, output.alive)
             self.cache_stats = output.caches
+            self.duplex_tick = output.duplex_tick
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)
             if waiter is not None:

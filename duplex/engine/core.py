@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from duplex.engine import messages as m
+from duplex.engine.lockstep import Lockstep
 from duplex.engine.payload import Kind, Payload
 from duplex.engine.scheduler import (
     EngineFull,
@@ -45,6 +46,8 @@ class EngineConfig:
     batching: bool = True
     """False runs one model call per session per stage: the per-session baseline."""
     scheduler: SchedulerConfig | None = None
+    duplex_max_lag_ms: int = 400
+    """A duplex session further behind its input than this drops frames and resyncs."""
 
 
 class PayloadMismatch(Exception):
@@ -73,6 +76,10 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._last_report = 0.0
+        self.lockstep = (
+            Lockstep(model, config.duplex_max_lag_ms, self.stats, config.batching)
+            if model.duplex_delay_frames else None
+        )
 
     # -- any thread -------------------------------------------------------------------------
 
@@ -112,7 +119,7 @@ class EngineCore:
         window_busy = 0.0
         while not self._stopping.is_set():
             idle = not any(sq.response for sq in self.scheduler.sessions.values())
-            self._apply_requests(block_s=0.05 if idle else 0.002)
+            self._apply_requests(block_s=self._duplex_wait(0.05 if idle else 0.002))
             start = time.monotonic()
             plan = self.scheduler.schedule(start)
             if not plan.empty:
@@ -125,6 +132,7 @@ class EngineCore:
                 window_busy += busy
                 self.stats.busy_s += busy
                 self.stats.steps += 1
+            window_busy += self._duplex_tick()
             now = time.monotonic()
             if now - window_start >= 1.0:
                 self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
@@ -142,10 +150,13 @@ class EngineCore:
     def _report(self, alive: bool = True) -> None:
         self._last_report = time.monotonic()
         drops, self.scheduler.drops = self.scheduler.drops, []
+        lockstep = self.lockstep
+        if lockstep is not None:
+            drops, lockstep.drops = drops + lockstep.drops, []
         # A core dying of an error frees every session next; its last report holds none.
         self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
                            self.load, self.stats.busy_s, self.stats.steps, alive,
-                           self.model.cache_stats()))
+                           self.model.cache_stats(), lockstep.cost() if lockstep else None))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and
@@ -153,7 +164,10 @@ class EngineCore:
         held = {}
         for sid, state in self._states.items():
             sq = self.scheduler.sessions.get(sid)
-            held[sid] = self.model.bytes_held(state) + (sq.queued_bytes() if sq else 0)
+            queued = sq.queued_bytes() if sq else 0
+            if self.lockstep is not None:
+                queued += self.lockstep.queued_bytes(sid)
+            held[sid] = self.model.bytes_held(state) + queued
         return held
 
     def _apply_requests(self, block_s: float) -> None:
@@ -184,10 +198,15 @@ class EngineCore:
 
     def _close(self, r: m.CloseSession) -> None:
         if r.session_id in self._states:
+            if self.lockstep is not None:
+                self.lockstep.leave(r.session_id)
             self.scheduler.remove_session(r.session_id)
             self._free(r.session_id)
 
     def _push_audio(self, r: m.PushAudio) -> None:
+        if self.lockstep is not None and r.session_id in self.lockstep.slots:
+            self.lockstep.push(r.session_id, r.pcm, time.monotonic())
+            return
         self.scheduler.push_input(r.session_id, r.pcm, time.monotonic(), self.version)
 
     def _push_frame(self, r: m.PushFrame) -> None:
@@ -204,12 +223,50 @@ class EngineCore:
 
     def _clear_input(self, r: m.ClearInput) -> None:
         self.scheduler.clear_input(r.session_id)
+        if self.lockstep is not None:
+            self.lockstep.clear(r.session_id)
         self.model.clear_input(self._states[r.session_id])
 
     def _cancel(self, r: m.CancelReply) -> None:
         if r.new_epoch > self.scheduler.sessions[r.session_id].epoch:
             self.scheduler.cancel(r.session_id, r.new_epoch)
+            if self.lockstep is not None and r.session_id in self.lockstep.slots:
+                # A duplex model keeps listening and its streams go on: only output is fenced.
+                self.lockstep.cancel(r.session_id, r.new_epoch)
+                return
             self.model.reset_response(self._states[r.session_id])
+
+    def _set_duplex(self, r: m.SetDuplex) -> None:
+        if self.lockstep is None:
+            self.emit(SessionFailed(r.session_id, f"model {self.version} has no duplex mode"))
+            return
+        if r.on:
+            sq = self.scheduler.sessions[r.session_id]
+            self.lockstep.join(r.session_id, sq.epoch, sq.input_samples)
+        else:
+            self.lockstep.leave(r.session_id, "mode_changed")
+
+    def _duplex_wait(self, block_s: float) -> float:
+        """How long to wait for requests: no later than the next duplex frame is due."""
+        due = self.lockstep.next_due() if self.lockstep is not None else None
+        return block_s if due is None else max(0.0, min(block_s, due - time.monotonic()))
+
+    def _duplex_tick(self) -> float:
+        """Step the due duplex sessions; the seconds it took."""
+        if self.lockstep is None:
+            return 0.0
+        start = time.monotonic()
+        try:
+            events = self.lockstep.step(self._states, start)
+        except Exception as exc:
+            log.exception("duplex step failed; closing its sessions")
+            for sid in list(self.lockstep.slots):
+                self.emit(SessionFailed(sid, f"{type(exc).__name__}: {exc}"))
+                self._close(m.CloseSession(sid))
+            return time.monotonic() - start
+        if events:
+            self.emit(m.StepEvents(tuple(events)))
+        return time.monotonic() - start if events else 0.0
 
     def _barrier(self, r: m.Barrier) -> None:
         self._report()
@@ -292,4 +349,5 @@ _APPLY: dict[type, Callable[[EngineCore, Any], None]] = {
     m.CancelReply: EngineCore._cancel,
     m.Barrier: EngineCore._barrier,
     m.Query: EngineCore._query,
+    m.SetDuplex: EngineCore._set_duplex,
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from duplex.engine.lockstep import DuplexDropped, DuplexOut, TickCost
 from duplex.engine.scheduler import (
     AudioOut,
     Drop,
@@ -78,6 +79,14 @@ class CancelReply:
 
 
 @dataclass(frozen=True, slots=True)
+class SetDuplex:
+    """The session runs native full duplex (lockstep frames) from now on, or turns again."""
+
+    session_id: str
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CloseSession:
     session_id: str
 
@@ -110,15 +119,16 @@ class Query:
 
 Request = (
     OpenSession | PushAudio | PushFrame | PushText | Instruct | Commit | ClearInput
-    | CancelReply | CloseSession | Barrier | Query
+    | CancelReply | CloseSession | Barrier | Query | SetDuplex
 )
 SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Instruct, Commit, ClearInput, CancelReply,
-                    CloseSession)
+                    CloseSession, SetDuplex)
 """Requests about one open session: moot once it is closed."""
 
 # -- outputs ----------------------------------------------------------------------------------
 
-SessionEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings | SessionFailed
+SessionEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+                | SessionFailed | DuplexOut | DuplexDropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +154,8 @@ class Report:
     """False in the core's last report, sent as its thread dies of an error."""
     caches: dict[str, CacheStats] = field(default_factory=dict)
     """The model's cross-session caches (`DuplexModel.cache_stats`)."""
+    duplex_tick: TickCost | None = None
+    """The measured cost of a lockstep tick of the duplex sessions, None before any."""
 
 
 @dataclass(frozen=True, slots=True)

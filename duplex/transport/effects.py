@@ -67,6 +67,13 @@ class EngineClearInput:
 
 
 @dataclass(frozen=True)
+class EngineSetDuplex:
+    """Run the session as native full duplex (on), or turn by turn again."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
 class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""

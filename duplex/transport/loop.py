@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex.engine.client import EngineClient
+from duplex.engine.client import AdmissionRefused, EngineClient
+from duplex.engine.lockstep import DuplexDropped, DuplexOut
 from duplex.engine.scheduler import (
     AudioOut,
     ResponseFinished,
@@ -33,6 +34,7 @@ from duplex.transport.effects import (
     EngineInstruct,
     EnginePush,
     EnginePushText,
+    EngineSetDuplex,
     Send,
     VadFeed,
 )
@@ -173,6 +175,12 @@ class SessionLoop:
                 self.engine.instruct(sid, effect.instructions, effect.tools)
             elif isinstance(effect, EngineCancel):
                 self.engine.cancel(sid, effect.epoch)
+            elif isinstance(effect, EngineSetDuplex):
+                try:
+                    self.engine.set_duplex(sid, effect.on)
+                except AdmissionRefused as exc:
+                    if await self.execute(self.protocol.duplex_refused(str(exc))):
+                        return True
             elif isinstance(effect, CloseConnection):
                 self.close_code, self.close_reason = effect.code, effect.reason
                 return True
@@ -213,6 +221,8 @@ _ENGINE_EVENTS: dict[type, Callable[[Any, Any], list]] = {
     ToolCallOut: lambda p, e: p.on_engine_tool_call(e.epoch, e.piece),
     ResponseFinished: lambda p, e: p.on_engine_finished(e.epoch, e.reason),
     SessionFailed: lambda p, e: p.on_engine_failed(e.message),
+    DuplexOut: lambda p, e: p.on_engine_duplex(e.epoch, e.pcm, e.text, e.voiced, e.media_start),
+    DuplexDropped: lambda p, e: p.on_duplex_dropped(e.n_samples, e.reason),
 }
 
 

@@ -44,9 +44,18 @@ import torch
 from torch import nn
 from transformers.models.moshi.modeling_moshi import apply_rotary_pos_emb
 
-from models.base import DuplexModel, ModelState, OfflineCodec, TalkerFrame, ThinkerToken
+from models.base import (
+    DuplexFrame,
+    DuplexModel,
+    ModelState,
+    OfflineCodec,
+    StageTimer,
+    TalkerFrame,
+    ThinkerToken,
+    untimed,
+)
 from models.kv import KVBatch, SlidingKV, tensor_bytes
-from models.moshi import tiny
+from models.moshi import duplex, tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.reply import ReplySpec
 
@@ -118,6 +127,7 @@ class MoshiAdapter(DuplexModel):
     name = "moshi"
     # Each decode step needs its depth-decoded audio codes before the next one.
     max_thinker_lead = 1
+    duplex_delay_frames = duplex.DUPLEX_DELAY_FRAMES
 
     def __init__(
         self,
@@ -380,3 +390,8 @@ class MoshiAdapter(DuplexModel):
             for row, i in enumerate(rows):
                 pcm[i] = audio[row, 0].float().cpu().numpy()
         return pcm
+
+    def duplex_step(
+        self, states: list[ModelState], frames: list[np.ndarray], timer: StageTimer = untimed
+    ) -> list[DuplexFrame]:
+        return duplex.duplex_step(self, states, frames, timer)

@@ -139,3 +139,25 @@ def text_detokenizer(path: str | Path, config: MoshiConfig) -> Callable[[int], s
         return tokenizer.convert_ids_to_tokens(token).replace("\u2581", " ")
 
     return detokenize
+
+
+def tiny_long_call_moshi(seed: int = 0) -> MoshiForConditionalGeneration:
+    """The smallest Moshi of the real layout, for driving long calls step by step in tests:
+    one layer each, two codebooks, a Mimi at 200 Hz (16-sample frames at 12.5 Hz) and short
+    attention windows, so the windows fill within a few dozen steps."""
+    mimi = tiny_mimi_config(
+        sampling_rate=200, upsampling_ratios=[8], num_hidden_layers=1, sliding_window=8,
+        num_residual_layers=1, hidden_size=16, num_filters=4, upsample_groups=16,
+        codebook_dim=8, vector_quantization_hidden_dimension=8, num_quantizers=2,
+        intermediate_size=32,
+    )
+    config = tiny_moshi_config(
+        num_hidden_layers=1, sliding_window=16, num_codebooks=2,
+        audio_encoder_config=mimi.to_dict(),
+        depth_decoder_config={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                              "ffn_dim": 32, "max_position_embeddings": 3},
+    )
+    torch.manual_seed(seed)
+    model = MoshiForConditionalGeneration(config).eval()
+    randomize_codebooks(model.audio_encoder, torch.Generator().manual_seed(seed))
+    return model

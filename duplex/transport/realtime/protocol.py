@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ from duplex.transport.effects import (
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
+    EngineSetDuplex,
     FlushAudio,
     InvalidToolCall,
     PlayAudio,
@@ -50,6 +51,16 @@ from duplex.transport.effects import (
 )
 from duplex.transport.realtime import schema
 from duplex.transport.realtime.conversation import Conversation, Item
+from duplex.transport.realtime.duplex_mode import (
+    BETA_PARAM,
+    MODEL_PARAM,
+    NATIVE_MODELS,
+    DuplexSegments,
+    SegmentAudio,
+    SegmentEnd,
+    SegmentStart,
+    not_native,
+)
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.replies import G711_LAWS, Replies
 from duplex.transport.realtime.session_config import (
@@ -94,7 +105,7 @@ class ResumeSession:
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
-    | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe
+    | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
 )
 
 
@@ -135,6 +146,9 @@ class RealtimeProtocol:
         duplex_events: bool = False,
         voices: Voices | None = None,
         transcription_models: tuple[str, ...] = (),
+        native_duplex: bool = False,
+        duplex_models: tuple[str, ...] = NATIVE_MODELS,
+        start_duplex: bool = False,
     ) -> None:
         self.session_id = session_id
         self.resume_token = resume_token
@@ -145,8 +159,21 @@ class RealtimeProtocol:
         self.beta = beta
         self.limits = limits or Limits()
         self.settings = SessionSettings(duplex_events=duplex_events)
+        if start_duplex and native_duplex:
+            # The model's configured default mode (duplex.default_mode): a client may ask for
+            # turns with session.update.
+            self.settings = replace(self.settings,
+                                    turn_detection=schema.TurnDetection(type="duplex"))
         self.voices = voices or Voices()
         self.transcription_models = transcription_models
+        self.native_duplex = native_duplex
+        """Whether the model runs native full duplex (`turn_detection: {"type": "duplex"}`)."""
+        self.duplex_models = duplex_models
+        """The models that can, named in the error a turn-based model answers with."""
+        self.segments: DuplexSegments | None = None
+        """The model's spoken segments while the session runs duplex; None for turns."""
+        self.duplex_dropped: dict[str, int] = {}
+        """Input samples the engine skipped in duplex, by reason (it fell behind)."""
         """The names `audio.input.transcription.model` may take; empty: no recogniser."""
         self._to_asr = Resampler(RATE, ASR_RATE)
         self._asr_audio: list[np.ndarray] = []
@@ -226,6 +253,7 @@ class RealtimeProtocol:
         out: list[Effect] = []
         self._emit(out, "session.created", session=self._session_with_token())
         self._instruct(out)
+        self._sync_duplex(out)
         return out
 
     def _instruct(self, out: list[Effect]) -> None:
@@ -302,15 +330,18 @@ class RealtimeProtocol:
         out: list[Effect] = []
         self._emit(out, "session.resumed", session=self._session_with_token())
         self._instruct(out)
+        self._sync_duplex(out)
         return out
 
     def configure(self, session: dict[str, Any]) -> None:
         """Apply GA session settings without an event (an ephemeral key's, before
         session.created); raises ProtocolError."""
         try:
-            self._set_settings(updated_ga(self.settings, session))
+            new = updated_ga(self.settings, session)
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
+        self._check_duplex(new)
+        self._set_settings(new)
 
     def refuse(self, code: str, message: str, param: str | None = None) -> list[Effect]:
         """An error the edge decided on (a refused resume, a rate limit); the session goes on."""
@@ -355,6 +386,7 @@ class RealtimeProtocol:
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
         self._check_transcription(new)
+        self._check_duplex(new)
         voice_param = "session.voice" if self.beta else "session.audio.output.voice"
         if new.voice != self.settings.voice:
             try:
@@ -372,6 +404,42 @@ class RealtimeProtocol:
         self._set_settings(new)
         self._emit(out, "session.updated", session=self.session_object())
         self._instruct(out)
+        self._sync_duplex(out)
+
+    def _check_duplex(self, new: SessionSettings) -> None:
+        td = new.turn_detection
+        if td is not None and td.type == "duplex" and not self.native_duplex:
+            param = BETA_PARAM if self.beta else MODEL_PARAM
+            raise ProtocolError("invalid_value", not_native(self.model, param, self.duplex_models),
+                                param)
+
+    def _sync_duplex(self, out: list[Effect]) -> None:
+        """Tell the engine when the session starts or stops running native duplex."""
+        td = self.turn_detection
+        want = td is not None and td.type == "duplex"
+        if want == (self.segments is not None):
+            if want:
+                self.segments.silence_samples = self._silence_samples(td)
+            return
+        if self.response is not None:
+            # A reply of the other mode would never end in this one.
+            self._cancel(out, "turn_detection_changed")
+        self.segments = DuplexSegments(self._silence_samples(td)) if want else None
+        out.append(EngineSetDuplex(want))
+
+    def _silence_samples(self, td: schema.TurnDetection) -> int:
+        """The model's silence (at its output rate) that ends its spoken segment."""
+        return max(1, td.silence_duration_ms * self.clock.model_output_rate // 1000)
+
+    def duplex_refused(self, message: str) -> list[Effect]:
+        """The engine has no room for one more duplex session: the session goes on by turns."""
+        out: list[Effect] = []
+        self.segments = None
+        self._set_settings(replace(self.settings,
+                                   turn_detection=schema.TurnDetection(type="server_vad")))
+        self._error(out, "session_limit_reached", message, kind="server_error")
+        self._emit(out, "session.updated", session=self.session_object())
+        return out
 
     def _check_transcription(self, new: SessionSettings) -> None:
         if new.transcription is None or new.transcription == self.settings.transcription:
@@ -619,6 +687,10 @@ class RealtimeProtocol:
                    audio_end_ms=event.audio_end_ms)
 
     def _on_response_create(self, event: schema.ResponseCreate, out: list[Effect]) -> None:
+        if self.segments is not None:
+            raise ProtocolError("invalid_request_error",
+                                "In duplex mode the model decides when to speak; "
+                                "response.create is not available.")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: "
@@ -646,7 +718,9 @@ class RealtimeProtocol:
         if self.turn_detection is None or self.closed:
             return out
         for decision in self.clock.speech_decisions(probs):
-            if isinstance(decision, cmd.SpeechStarted):
+            if self.segments is not None:
+                self._duplex_speech(out, decision)
+            elif isinstance(decision, cmd.SpeechStarted):
                 self._speech_started(out, decision.at_sample)
             elif isinstance(decision, cmd.SpeechStopped):
                 self._speech_stopped(out, decision.at_sample)
@@ -662,6 +736,20 @@ class RealtimeProtocol:
         # The core turns speech over a playing reply into a barge-in: epoch bump, flush,
         # transcript cut at the playback watermark.
         self._apply_core_events(out, self.core.handle(cmd.SpeechStarted(at)))
+
+    def _duplex_speech(self, out: list[Effect], decision) -> None:
+        """In duplex, user speech is information: it neither interrupts nor ends a turn (the
+        model hears it in the same frames and decides)."""
+        if isinstance(decision, cmd.SpeechStarted):
+            self.speech_item_id = self._id("item")
+            start = max(0, decision.at_sample - self.detector.prefix_samples)
+            self._emit(out, "input_audio_buffer.speech_started",
+                       audio_start_ms=start * 1000 // RATE, item_id=self.speech_item_id)
+        else:
+            self._emit(out, "input_audio_buffer.speech_stopped",
+                       audio_end_ms=decision.at_sample * 1000 // RATE,
+                       item_id=self.speech_item_id or self._id("item"))
+            self.speech_item_id = None
 
     def _speech_stopped(self, out: list[Effect], at: int) -> None:
         self._apply_core_events(out, self.core.handle(cmd.SpeechStopped(at)))
@@ -684,6 +772,8 @@ class RealtimeProtocol:
 
     def _cancel(self, out: list[Effect], reason: str) -> None:
         self.replies.cancel(out, reason)
+        if self.segments is not None:
+            self.segments.cancel(self.core.epoch)
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
         self.replies.apply_core_events(out, events)
@@ -691,6 +781,36 @@ class RealtimeProtocol:
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:
         if not self.closed:
             self.replies.on_audio(epoch, pcm, text)
+        return []
+
+    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str, voiced: bool,
+                         at: int = 0) -> list[Effect]:
+        """One output frame of a duplex model, its first sample at `at` on the session's
+        timeline (model output rate): spoken segments become responses."""
+        out: list[Effect] = []
+        if self.closed or self.segments is None:
+            return out
+        for action in self.segments.frame(epoch, pcm, text, voiced, at):
+            if isinstance(action, SegmentStart):
+                if self.response is None:
+                    settings = response_settings(self.settings, None, self.beta)
+                    self.replies.start(out, settings, commit=False)
+                    self._segment_placed(out, action.at)
+            elif isinstance(action, SegmentAudio):
+                self.replies.on_audio(action.epoch, action.pcm, action.text)
+            elif isinstance(action, SegmentEnd):
+                self.replies.on_finished(action.epoch, "completed")
+        return out
+
+    def _segment_placed(self, out: list[Effect], at: int) -> None:
+        """Where the reply starts on the input timeline, for clients that asked for duplex's
+        own events: output frame k lies at input frame k + the model's delay."""
+        if self.settings.duplex_events and self.response is not None:
+            self._emit(out, "duplex.response.placed", response_id=self.response.id,
+                       audio_start_ms=at * 1000 // self.clock.model_output_rate)
+
+    def on_duplex_dropped(self, n_samples: int, reason: str) -> list[Effect]:
+        self.duplex_dropped[reason] = self.duplex_dropped.get(reason, 0) + n_samples
         return []
 
     def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
@@ -768,7 +888,9 @@ class RealtimeProtocol:
         self.closed = True
         self.pacer.flush()
         released = self.core.handle(cmd.Close())
-        return dict(next(e for e in released if isinstance(e, ev.Released)).items)
+        held = dict(next(e for e in released if isinstance(e, ev.Released)).items)
+        held.update({f"duplex_dropped:{reason}": n for reason, n in self.duplex_dropped.items()})
+        return held
 
 
 _EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 300}

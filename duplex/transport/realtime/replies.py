@@ -42,7 +42,8 @@ class Replies:
     def _wire(self, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.events.response_object(self.active, status, details, self.conversation_id)
 
-    def start(self, out: list, settings: ResponseSettings) -> None:
+    def start(self, out: list, settings: ResponseSettings, *, commit: bool = True) -> None:
+        """Begin a reply; `commit` asks the engine for it (a duplex model began it itself)."""
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
         new_id = self.events.new_id
@@ -65,8 +66,9 @@ class Replies:
              item=item.as_wire())
         emit(out, "response.content_part.added", response_id=r.id, item_id=item.id,
              output_index=0, content_index=0, part=part)
-        spec = replace(settings.spec(), voice=self.voices.for_model(settings.voice))
-        out.append(EngineCommit(started.epoch, spec))
+        if commit:
+            spec = replace(settings.spec(), voice=self.voices.for_model(settings.voice))
+            out.append(EngineCommit(started.epoch, spec))
 
     def cancel(self, out: list, reason: str) -> None:
         if self.active is not None:

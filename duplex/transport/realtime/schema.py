@@ -21,7 +21,7 @@ class AudioFormat(_Loose):
 
 
 class TurnDetection(_Loose):
-    type: Literal["server_vad", "semantic_vad"]
+    type: Literal["server_vad", "semantic_vad", "duplex"]
     threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     prefix_padding_ms: Annotated[int, Field(ge=0, le=10_000)] = 300
     silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500

@@ -83,7 +83,8 @@ class RealtimeSession(SessionLoop):
                  media=None, video_interval_samples: int = RATE // 2,
                  registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
                  quota: Quota | None = None, metrics: Metrics | None = None,
-                 duplex_events: bool = False, transcriber: Transcriber | None = None) -> None:
+                 duplex_events: bool = False, transcriber: Transcriber | None = None,
+                 duplex_default: bool = False) -> None:
         # This connection's name in the engine and hub; a resume changes only the protocol's
         # (the registry's) id, so the same session resumed on this node never collides.
         session_id = session_id or "sess_" + secrets.token_hex(8)
@@ -103,6 +104,8 @@ class RealtimeSession(SessionLoop):
             duplex_events=duplex_events,
             voices=Voices(engine.model.voices, engine.model.default_voice),
             transcription_models=transcriber.names if transcriber is not None else (),
+            native_duplex=engine.model.duplex_delay_frames is not None,
+            start_duplex=duplex_default,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media

@@ -194,6 +194,10 @@ def turn_detection_wire(td: schema.TurnDetection | None) -> dict[str, Any] | Non
         return {"type": td.type, "eagerness": td.eagerness or "auto",
                 "create_response": td.create_response,
                 "interrupt_response": td.interrupt_response}
+    if td.type == "duplex":
+        # The model decides when to reply and nothing interrupts it: those settings mean nothing.
+        return td.model_dump(include={"type", "threshold", "prefix_padding_ms",
+                                      "silence_duration_ms"})
     return td.model_dump(exclude_none=True, exclude={"eagerness"})
 
 

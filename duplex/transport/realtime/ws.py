@@ -25,7 +25,8 @@ def admission_error(exc: AdmissionRefused) -> str:
 
 def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str, hub, *,
                       registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
-                      metrics: Metrics | None = None, transcriber_getter=lambda: None):
+                      metrics: Metrics | None = None, transcriber_getter=lambda: None,
+                      duplex_default: bool = False):
     async def endpoint(ws: WebSocket) -> None:
         await ws.accept(subprotocol=choose_subprotocol(ws.scope.get("subprotocols", [])))
         beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
@@ -38,7 +39,8 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
                                   quota=state.get("quota"), metrics=metrics,
                                   session_id=principal.session_id if principal else None,
                                   duplex_events=duplex_events,
-                                  transcriber=transcriber_getter())
+                                  transcriber=transcriber_getter(),
+                                  duplex_default=duplex_default)
         if principal is not None and principal.session:
             session.protocol.configure(principal.session)
         try:

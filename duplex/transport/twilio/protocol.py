@@ -14,6 +14,10 @@ Playback truth comes from Twilio: every output chunk is followed by a `mark`, an
 it once the audio queued before it has played. Only echoed marks move the watermark, so a
 barge-in keeps exactly the transcript of the chunks the caller heard. Twilio also echoes the
 marks a `clear` dropped; those carry an older epoch in our books and move nothing.
+
+Native duplex (`Options.duplex`, from the model's duplex.default_mode): the call is one
+always-open reply on the core, and every output frame of the model, silence included, goes to
+Twilio as it comes (the caller's phone plays on its own clock); caller speech is only noted.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from duplex.transport.effects import (
     EngineCancel,
     EngineCommit,
     EnginePush,
+    EngineSetDuplex,
     Send,
     VadFeed,
 )
@@ -97,7 +102,7 @@ class Notice:
 
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
-    | Rejected | DtmfReceived | BargedIn | Notice
+    | Rejected | DtmfReceived | BargedIn | Notice | EngineSetDuplex
 )
 
 
@@ -110,6 +115,8 @@ class Options:
     vad_threshold: float = 0.5
     silence_ms: int = 500
     """Silence after speech that ends the caller's turn."""
+    duplex: bool = False
+    """Run the call natively full duplex (a model with a duplex mode), not turn by turn."""
 
 
 @dataclass
@@ -152,6 +159,8 @@ class TwilioProtocol:
         self.rejected: dict[str, int] = {}
         self.digits: list[str] = []
         self.closed = False
+        self.duplex = False
+        self.duplex_dropped: dict[str, int] = {}
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -204,6 +213,10 @@ class TwilioProtocol:
         self.last_seq = int(msg.sequenceNumber)
         out.append(Notice(f"call {msg.start.callSid} started: stream {msg.streamSid}, "
                           f"tracks {msg.start.tracks}, parameters {msg.start.customParameters}"))
+        if self.options.duplex:
+            self.duplex = True
+            out.append(EngineSetDuplex(True))
+            self._start_reply(out, commit=False)
 
     def _gate(self, msg: schema.Media | schema.Dtmf | schema.Mark | schema.Stop) -> str | None:
         """The reason a message of the started stream cannot be taken, or None (and it counts)."""
@@ -293,7 +306,11 @@ class TwilioProtocol:
         if self.closed or self.stream is None:
             return out
         for decision in self.clock.speech_decisions(probs):
-            if isinstance(decision, cmd.SpeechStarted):
+            if self.duplex:
+                # The model hears the caller in the same frames and decides for itself.
+                out.append(Notice(f"caller speech {type(decision).__name__} at sample "
+                                  f"{decision.at_sample}"))
+            elif isinstance(decision, cmd.SpeechStarted):
                 out.append(Notice(f"speech started at sample {decision.at_sample}"))
                 # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
                 # transcript cut at the last echoed mark.
@@ -307,12 +324,13 @@ class TwilioProtocol:
                 self._start_reply(out)
         return out
 
-    def _start_reply(self, out: list[Effect]) -> None:
+    def _start_reply(self, out: list[Effect], commit: bool = True) -> None:
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
         self.reply = Reply(started.epoch)
         out.append(Notice(f"response {started.response_id} started in epoch {started.epoch}"))
-        out.append(EngineCommit(started.epoch))
+        if commit:
+            out.append(EngineCommit(started.epoch))
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
         for e in events:
@@ -344,6 +362,25 @@ class TwilioProtocol:
             self._queue(self.clock.reply_tail(), "", last=True)
             r.engine_done = True
         return []
+
+    def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str, voiced: bool,
+                         at: int = 0) -> list[Effect]:
+        """A duplex output frame, silence included: straight on to the caller."""
+        r = self.reply
+        if self.duplex and r is not None and epoch == r.epoch and not self.closed:
+            self._queue(self.clock.reply_audio(pcm), text, last=False)
+        return []
+
+    def on_duplex_dropped(self, n_samples: int, reason: str) -> list[Effect]:
+        self.duplex_dropped[reason] = self.duplex_dropped.get(reason, 0) + n_samples
+        return [Notice(f"the engine fell behind: {n_samples} input samples skipped ({reason})")]
+
+    def duplex_refused(self, message: str) -> list[Effect]:
+        """No room for one more duplex session: the call goes on turn by turn."""
+        out: list[Effect] = [Notice(f"duplex refused, taking turns: {message}")]
+        self.duplex = False
+        self._apply_core_events(out, self.core.handle(cmd.Cancel("duplex_refused")))
+        return out
 
     def on_engine_failed(self, message: str) -> list[Effect]:
         out: list[Effect] = [Notice(f"the model failed on this call: {message}")]
@@ -422,6 +459,7 @@ class TwilioProtocol:
             "played_samples": self.core.played_samples,
             "rejected": dict(self.rejected),
             "dtmf": "".join(self.digits),
+            "duplex_dropped": dict(self.duplex_dropped),
         }
         released = self.core.handle(cmd.Close())
         summary["input"] = self.core.track(INPUT_TRACK).snapshot()

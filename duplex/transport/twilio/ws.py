@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from dataclasses import replace
 
 from starlette.websockets import WebSocket
 
@@ -35,6 +36,9 @@ class TwilioSession(SessionLoop):
     def __init__(self, engine: Engine, vad: VadService, options: Options, metrics: Metrics,
                  send_text, *, session_id: str | None = None) -> None:
         session_id = session_id or "call_" + secrets.token_hex(8)
+        # A duplex default names the model; one without a duplex mode takes turns.
+        native = engine.model.duplex_delay_frames is not None
+        options = replace(options, duplex=options.duplex and native)
         protocol = TwilioProtocol(
             session_id,
             model_input_rate=engine.model.input_rate,

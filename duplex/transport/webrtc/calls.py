@@ -80,8 +80,10 @@ class Call:
 
 class CallRegistry:
     def __init__(self, engine_getter, vad_getter, limits, model_name: str, hub, webrtc_settings,
-                 admission=None, transcriber_getter=lambda: None):
+                 admission=None, transcriber_getter=lambda: None, duplex_default: bool = False):
         self.engine_getter = engine_getter
+        self.duplex_default = duplex_default
+        """Sessions start in native duplex (the model's duplex.default_mode)."""
         self.transcriber_getter = transcriber_getter
         self.vad_getter = vad_getter
         self.limits = limits
@@ -182,6 +184,7 @@ class CallRegistry:
             self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
             media=track, video_interval_samples=int(RATE / self.settings.video_fps), quota=quota,
             transcriber=self.transcriber_getter(), duplex_events=duplex_events,
+            duplex_default=self.duplex_default,
         )
         call = Call(call_id, pc, session, track)
         holder["call"] = call
