@@ -118,6 +118,9 @@ class StoreSettings(_Section):
     """A session stays resumable this long after its last activity."""
     heartbeat_s: float = Field(2.0, gt=0)
     """How often a live session is saved; a node that lost it finds out within this time."""
+    context_max_bytes: int = Field(8 << 20, ge=0)
+    """Cap on one session's saved model context (user audio as FLAC, reply tokens); past it the
+    oldest turns are left out of what a resume on another node rebuilds."""
 
     @model_validator(mode="after")
     def _url_selects_redis(self) -> StoreSettings:

@@ -45,7 +45,8 @@ def create_app(settings: Settings) -> Starlette:
     node_id = ss.node_id or f"{socket.gethostname()}-{os.getpid()}"
     # Expired sessions are remembered as long again, so a late resume hears "expired".
     store = open_store(ss.backend, ss.redis_url, tombstone_s=ss.retention_s)
-    registry = SessionRegistry(store, node_id, ss.retention_s)
+    registry = SessionRegistry(store, node_id, ss.retention_s,
+                               context_max_bytes=ss.context_max_bytes)
     gate = Gate(settings.auth, settings.telephony, registry, Admission(settings.limits))
     metrics = Metrics(settings.model.name)
     metrics.active_sessions.set_function(lambda: len(hub))

@@ -26,7 +26,7 @@ from duplex.engine.core import EngineConfig
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
-from models.base import TextTurn
+from models.base import ReplyTurn, TextTurn
 from models.reply import ReplySpec
 
 log = logging.getLogger("duplex.engine")
@@ -74,12 +74,14 @@ class ModelInfo:
     input_chunk_samples: int
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
+    restores_context: bool = False
 
     @classmethod
     def of(cls, model) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
-                   model.input_chunk_samples, tuple(model.voices), model.default_voice)
+                   model.input_chunk_samples, tuple(model.voices), model.default_voice,
+                   model.restores_context)
 
 
 @dataclass
@@ -161,6 +163,15 @@ class EngineClient(ABC):
             self._submit(m.PushText(session_id, TextTurn(text, role)))
         return True
 
+    def push_reply(self, session_id: str, turn: ReplyTurn) -> None:
+        """A reply as it was heard, back into the Thinker context (a rebuild after a resume).
+        The audio before it ends its turn as a commit would end it: the last chunk padded."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.restores_context:
+            return
+        self._flush(session_id, framer)
+        self._submit(m.PushText(session_id, turn))
+
     def instruct(self, session_id: str, instructions: str,
                  tools: tuple[dict[str, Any], ...]) -> None:
         if self._check_open(session_id):
@@ -173,12 +184,15 @@ class EngineClient(ABC):
         framer = self._framer(session_id)
         if framer is None:
             return
+        self._flush(session_id, framer)
+        self._submit(m.Commit(session_id, epoch, at, spec or ReplySpec()))
+
+    def _flush(self, session_id: str, framer: Framer) -> None:
         rest = framer.flush()
         if len(rest):
             if not self.model.accepts_partial_chunks:
                 rest = np.pad(rest, (0, self.model.input_chunk_samples - len(rest)))
             self._submit(m.PushAudio(session_id, rest))
-        self._submit(m.Commit(session_id, epoch, at, spec or ReplySpec()))
 
     def clear_input(self, session_id: str) -> None:
         framer = self._framer(session_id)

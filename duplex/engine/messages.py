@@ -18,13 +18,14 @@ import numpy as np
 from duplex.engine.scheduler import (
     AudioOut,
     Drop,
+    ReplyTokens,
     ResponseFinished,
     ResponseTimings,
     SessionFailed,
     TextOut,
     ToolCallOut,
 )
-from models.base import TextTurn
+from models.base import ReplyTurn, TextTurn
 from models.reply import ReplySpec
 
 # -- requests ---------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ class PushFrame:
 @dataclass(frozen=True, slots=True)
 class PushText:
     session_id: str
-    turn: TextTurn
+    turn: TextTurn | ReplyTurn
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,8 @@ SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Instruct, Commit, ClearInput
 
 # -- outputs ----------------------------------------------------------------------------------
 
-SessionEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings | SessionFailed
+SessionEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+                | SessionFailed | ReplyTokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,17 @@ class ToolCallOut:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplyTokens:
+    """Token ids of the reply, in order; `media_start` is where the audio voicing them starts
+    in the reply (output samples), None for tokens never voiced (text replies, tool calls)."""
+
+    session_id: str
+    epoch: int
+    ids: tuple[int, ...]
+    media_start: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionFailed:
     """The session can no longer be served: the model raised on a batch holding it (the engine
     has closed it), the engine process died, or the engine process could not open it."""
@@ -157,7 +168,8 @@ class ResponseTimings:
     codec_first_audio_ms: float
 
 
-EngineEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+EngineEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+               | ReplyTokens)
 
 
 @dataclass
@@ -176,6 +188,8 @@ class Response:
     tokens: int = 0
     finish_reason: str = "completed"
     text: ThinkerText = field(default_factory=ThinkerText)
+    pending_ids: list[int] = field(default_factory=list)
+    """Token ids not yet on their way to the Talker (inside a tool call, or no frame yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +461,10 @@ class Scheduler:
         r.thinker_done = finished
         if r.first_token_at is None:
             r.first_token_at = now
+        if result.token_id is not None:
+            r.pending_ids.append(result.token_id)
+        if not r.spec.audio or (r.text.in_call and not speech):
+            self._unvoiced_ids(sq, r, out)
         if not r.spec.audio:
             if speech:
                 out.append(TextOut(sq.session_id, sq.epoch, speech))
@@ -458,22 +476,37 @@ class Scheduler:
             token = ThinkerToken(speech, result.conditioning, finished)
             sq.queues[Kind.TOKENS].append(Payload(
                 sq.session_id, sq.epoch, Kind.TOKENS, token, r.out_seq, 0, 0, version,
-                final=finished, text=speech, enqueued_at=now))
+                final=finished, text=speech, enqueued_at=now, ids=tuple(r.pending_ids)))
+            r.pending_ids = []
+        if finished:
+            self._unvoiced_ids(sq, r, out)
+
+    @staticmethod
+    def _unvoiced_ids(sq: SessionQueues, r: Response, out: list) -> None:
+        if r.pending_ids:
+            out.append(ReplyTokens(sq.session_id, sq.epoch, tuple(r.pending_ids), None))
+            r.pending_ids = []
 
     def _codes(self, sq, e, result: TalkerFrame, now, version, out) -> None:
         r = sq.response
+        ids = e.payload.ids if e.payload is not None else ()
         if result.codes is not None:
             if r.first_codes_at is None:
                 r.first_codes_at = now
             sq.queues[Kind.CODES].append(Payload(
                 sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0, version,
                 final=result.finished, text=e.payload.text if e.payload is not None else "",
-                enqueued_at=now))
+                enqueued_at=now, ids=ids))
             r.out_seq += 1
+        elif ids:
+            # No frame voices them: they count as heard with the reply's end.
+            out.append(ReplyTokens(sq.session_id, sq.epoch, ids, r.emitted_samples))
         r.talker_done = result.finished
 
     def _audio(self, sq, e, result, now, version, out) -> None:
         r = sq.response
+        if e.payload.ids:
+            out.append(ReplyTokens(sq.session_id, sq.epoch, e.payload.ids, r.emitted_samples))
         if len(result):
             if r.first_audio_at is None:
                 r.first_audio_at = now

@@ -43,6 +43,8 @@ class SessionRecord:
     conversation: list[dict[str, Any]] = field(default_factory=list)
     """Items as heard: user items, and assistant transcripts cut at the playback watermark."""
     config: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+    """The model's context as heard (`duplex.store.context`), for a rebuild on another node."""
     expired: bool = False
     """A tombstone: the session is past its deadline and its conversation is gone."""
 

@@ -16,7 +16,8 @@ from duplex.store.base import Fenced, StoreUnavailable
 from duplex.store.registry import Lease, SessionRegistry
 
 log = logging.getLogger("duplex.store")
-Snapshot = Callable[[], tuple[list[dict[str, Any]], dict[str, Any]]]
+Snapshot = Callable[[], tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]]
+"""The conversation as heard, the settings, and the model's context record."""
 
 
 class SessionKeeper:
@@ -55,9 +56,9 @@ class SessionKeeper:
         async with self._lock:
             if self.fenced:
                 return
-            conversation, config = self.snapshot()
+            conversation, config, context = self.snapshot()
             try:
-                await self.registry.save(self.lease, conversation, config)
+                await self.registry.save(self.lease, conversation, config, context)
             except Fenced as exc:
                 self.fenced = True
                 log.warning("session %s taken over: %s", self.lease.session_id, exc)

@@ -27,7 +27,7 @@ class MemoryStore:
                 del self._sessions[sid]
             elif now >= rec.deadline and not rec.expired:
                 rec.expired = True
-                rec.conversation, rec.config = [], {}
+                rec.conversation, rec.config, rec.context = [], {}, {}
         for h, key in list(self._keys.items()):
             if now >= key.expires_at:
                 del self._keys[h]

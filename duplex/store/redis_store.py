@@ -26,7 +26,7 @@ from duplex.store.base import (
 )
 
 # KEYS: session, tombstone. ARGV: owner, epoch, secret_hash, conversation, config, deadline,
-# created_at, session expiry (ms), tombstone (json), tombstone expiry (ms).
+# created_at, session expiry (ms), tombstone (json), tombstone expiry (ms), context.
 _SAVE = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'owner')
 if cur[1] then
@@ -37,7 +37,8 @@ if cur[1] then
   end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ARGV[2], 'secret_hash', ARGV[3],
-           'conversation', ARGV[4], 'config', ARGV[5], 'deadline', ARGV[6], 'created_at', ARGV[7])
+           'conversation', ARGV[4], 'config', ARGV[5], 'deadline', ARGV[6], 'created_at', ARGV[7],
+           'context', ARGV[11])
 redis.call('PEXPIREAT', KEYS[1], ARGV[8])
 redis.call('SET', KEYS[2], ARGV[9], 'PXAT', ARGV[10])
 return {1}
@@ -84,7 +85,8 @@ class RedisStore:
     async def save(self, record: SessionRecord) -> None:
         args = [record.owner, record.epoch, record.secret_hash, json.dumps(record.conversation),
                 json.dumps(record.config), repr(record.deadline), repr(record.created_at),
-                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline)]
+                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline),
+                json.dumps(record.context)]
         try:
             result = await self._save(keys=self._keys(record.id), args=args)
         except _ERRORS as exc:
@@ -105,6 +107,7 @@ class RedisStore:
                 secret_hash=data["secret_hash"], deadline=float(data["deadline"]),
                 created_at=float(data["created_at"]),
                 conversation=json.loads(data["conversation"]), config=json.loads(data["config"]),
+                context=json.loads(data.get("context", "{}")),
             )
         if tomb:
             # The hash may outlive its deadline by Redis's expiry granularity; the tombstone

@@ -63,6 +63,7 @@ class Qwen3OmniAdapter(DuplexModel):
     name = "qwen3-omni"
     supports_video = True
     accepts_text = True
+    restores_context = True
     input_rate = 16000
     output_rate = OUTPUT_RATE
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from models.base import TextTurn, ThinkerToken
+from models.base import ReplyTurn, TextTurn, ThinkerToken
 from models.kv import SlotKV
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
@@ -128,12 +128,17 @@ class Thinker:
 
     def prefill(self, sessions: list[Session], features: list[Any]) -> None:
         for feat in features:
-            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, type(None))):
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn,
+                                     type(None))):
                 raise TypeError(f"cannot prefill {type(feat).__name__}")
         ids = self.ids
         rows = []
         for sess, feat in zip(sessions, features, strict=True):
             if feat is None:
+                continue
+            if isinstance(feat, ReplyTurn):
+                self.restore_reply(sess, feat)
+                rows.append(sess)
                 continue
             self.open_user(sess)
             if isinstance(feat, AudioFeatures):
@@ -171,6 +176,16 @@ class Thinker:
         sess.responding, sess.thinker_done = True, False
         sess.token_ids, sess.prefix_offset, sess.read_offset = [], 0, 0
         sess.talker_done = False
+
+    def restore_reply(self, sess: Session, turn: ReplyTurn) -> None:
+        """Lay a heard reply into the context as `begin` and `decode` laid it when it was
+        generated: its prefix, every token but the last (the next turn's `close_reply` ends
+        the turn with it, as it does after a live reply)."""
+        self.begin(sess, turn.instructions, turn.tools)
+        sess.responding, sess.thinker_done = False, True
+        if len(turn.ids) > 1:
+            self.push_text(sess, list(turn.ids[:-1]), OTHER)
+        sess.last_token = turn.ids[-1] if turn.ids else None
 
     def forward(self, sessions: list[Session]) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
@@ -264,7 +279,7 @@ class Thinker:
                 sess.token_ids.append(tok)
                 sess.thinker_done = is_eos or len(sess.token_ids) >= opts.max_text_tokens
                 results[id(sess)] = ThinkerToken(
-                    self._detokenize(sess), conditioning[b], sess.thinker_done
+                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 

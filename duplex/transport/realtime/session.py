@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from duplex.access.limits import Quota
 from duplex.engine.client import EngineClient
-from duplex.engine.scheduler import ResponseTimings
+from duplex.engine.scheduler import ReplyTokens, ResponseTimings
 from duplex.media.image import decode_image
 from duplex.observability.logs import bind_session
 from duplex.observability.metrics import Metrics
 from duplex.store import ResumeError, SessionRegistry
+from duplex.store.context import AudioSpan, ContextRecord, ReplySpan, TextSpan, from_pcm16, quantize
 from duplex.store.keeper import SessionKeeper
 from duplex.transcription.service import (
     RECOGNITION_FAILED,
@@ -28,7 +29,11 @@ from duplex.transcription.service import (
 )
 from duplex.transport.effects import (
     EngineClearInput,
+    EngineCommit,
+    EngineInstruct,
+    EnginePush,
     EnginePushFrame,
+    EnginePushText,
     EnginePushImage,
     FlushAudio,
     InvalidToolCall,
@@ -54,6 +59,7 @@ from duplex.transport.realtime.protocol import (
     Transcribe,
 )
 from duplex.transport.realtime.session_config import Voices
+from models.base import ReplyTurn
 
 if TYPE_CHECKING:
     from duplex.engine.vad import VadService
@@ -113,11 +119,26 @@ class RealtimeSession(SessionLoop):
         self._response_started: float | None = None
         self._onset: int | None = None
         self.keeper = None
+        self.context: ContextRecord | None = None
+        """The model's context as heard, kept for a rebuild on another node (models that
+        can restore one, with a registry)."""
         if registry is not None:
-            self.keeper = SessionKeeper(
-                registry, lease, lambda: self.protocol.snapshot(self.now_sample()),
-                lambda: self.inbox.put(Fenced()), heartbeat_s,
-            )
+            self.keeper = SessionKeeper(registry, lease, self._snapshot,
+                                        lambda: self.inbox.put(Fenced()), heartbeat_s)
+            if engine.model.restores_context:
+                self.context = self._new_context()
+
+    def _new_context(self, saved: dict | None = None) -> ContextRecord:
+        m = self.engine.model
+        args = (m.input_rate, m.output_rate, RATE, self.keeper.registry.context_max_bytes)
+        return ContextRecord.from_record(saved, *args) if saved else ContextRecord(*args)
+
+    def _snapshot(self) -> tuple[list, dict, dict]:
+        now = self.now_sample()
+        items, config = self.protocol.snapshot(now)
+        context = {} if self.context is None else self.context.to_record(
+            lambda core_id: self.protocol.heard(core_id, now))
+        return items, config, context
 
     def feed_audio(self, pcm) -> None:
         """Float32 mono at 24 kHz from a media track."""
@@ -159,8 +180,35 @@ class RealtimeSession(SessionLoop):
                                      "(limits.max_session_s).", 1008, "session duration limit")
         return super().dispatch(message)
 
+    async def execute(self, effects) -> bool:
+        if self.context is not None:
+            effects = [self._record(e) for e in effects]
+        return await super().execute(effects)
+
+    def _record(self, effect):
+        """Keep what reaches the model's context; audio onto the 16-bit grid first, so the
+        model hears exactly what is kept."""
+        c = self.context
+        if isinstance(effect, EnginePush):
+            effect = EnginePush(quantize(effect.pcm))
+            c.audio(effect.pcm)
+        elif isinstance(effect, EnginePushText):
+            c.text(effect.text, effect.role)
+        elif isinstance(effect, EngineInstruct):
+            c.instruct(effect.instructions, effect.tools)
+        elif isinstance(effect, EngineCommit) and self.protocol.response is not None:
+            c.reply(self.protocol.response.core_id, effect.epoch, effect.spec.instructions,
+                    effect.spec.tools)
+        elif isinstance(effect, EngineClearInput):
+            c.clear_input()
+        return effect
+
     def _engine_output(self, message: EngineOutput) -> list:
         t = message.event
+        if isinstance(t, ReplyTokens):
+            if self.context is not None:
+                self.context.tokens(t.epoch, t.ids, t.media_start)
+            return []
         if isinstance(t, ResponseTimings):
             return self.protocol.on_engine_timings({
                 "input": t.input_ms,
@@ -266,9 +314,29 @@ class RealtimeSession(SessionLoop):
         await self.keeper.switch(lease)
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
-        log.info("session %s resumed at epoch %d (connection %s)", record.id, lease.epoch,
-                 self.session_id)
-        return self.protocol.resumed(record.id, record.conversation, record.config)
+        rebuilt = None
+        if self.context is not None:
+            self.context = self._new_context(record.context)
+            rebuilt = self._rebuild(self.context).wire()
+        log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
+                 record.id, lease.epoch, self.session_id, rebuilt)
+        return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt)
+
+    def _rebuild(self, context: ContextRecord):
+        """Hand the engine the saved context through its ordinary calls: the audio is encoded
+        and everything prefilled in the batched stages, in order, ahead of any later reply."""
+        sid, engine = self.session_id, self.engine
+        if context.head is not None and context.spans:
+            engine.instruct(sid, *context.head)
+        for span in context.spans:
+            if isinstance(span, AudioSpan):
+                for pcm16 in span.pcm16:
+                    engine.push_audio(sid, from_pcm16(pcm16))
+            elif isinstance(span, TextSpan):
+                engine.push_text(sid, span.text, span.role)
+            elif isinstance(span, ReplySpan) and (ids := span.heard_ids(None, 1.0)):
+                engine.push_reply(sid, ReplyTurn(tuple(ids), span.instructions, span.tools))
+        return context.summary()
 
 
 _MESSAGES: dict[type, Callable[[RealtimeSession, Any], list]] = {
