@@ -46,7 +46,8 @@ def create_app(settings: Settings) -> Starlette:
     # Expired sessions are remembered as long again, so a late resume hears "expired".
     store = open_store(ss.backend, ss.redis_url, tombstone_s=ss.retention_s)
     registry = SessionRegistry(store, node_id, ss.retention_s,
-                               context_max_bytes=ss.context_max_bytes)
+                               context_max_bytes=ss.context_max_bytes,
+                               keep_live_s=ss.keep_live_s)
     gate = Gate(settings.auth, settings.telephony, registry, Admission(settings.limits))
     metrics = Metrics(settings.model.name)
     metrics.active_sessions.set_function(lambda: len(hub))
@@ -108,6 +109,7 @@ def create_app(settings: Settings) -> Starlette:
         syncer = asyncio.create_task(drain_engine_stats())
         yield
         syncer.cancel()
+        registry.live.close_all()
         engine.stop()
         parts["vad"].stop()
         transcriber.stop()

@@ -92,6 +92,10 @@ class _Waiter:
     reply: m.Reply | None = None
 
 
+def _nobody(event: m.SessionEvent) -> None:
+    """Where a parked session's events go."""
+
+
 class EngineClient(ABC):
     model: ModelInfo
 
@@ -202,6 +206,21 @@ class EngineClient(ABC):
 
     def cancel(self, session_id: str, new_epoch: int) -> None:
         self._submit(m.CancelReply(session_id, new_epoch))
+
+    def park(self, session_id: str) -> None:
+        """Keep the session's state with nobody listening (its connection dropped); `adopt`
+        gives it a listener again, `close` releases it."""
+        with self._lock:
+            if session_id in self._callers:
+                self._callers[session_id] = _nobody
+
+    def adopt(self, session_id: str, deliver: Deliver) -> bool:
+        """Deliver a parked session's events to `deliver`; False if it is gone."""
+        with self._lock:
+            if self._gone is not None or self._callers.get(session_id) is not _nobody:
+                return False
+            self._callers[session_id] = deliver
+            return True
 
     def close(self, session_id: str) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from duplex.store.live import LiveStates
 from duplex.store.base import (
     EphemeralKey,
     Fenced,
@@ -43,13 +44,15 @@ class Lease:
 class SessionRegistry:
     def __init__(self, store: SessionStore, node_id: str, retention_s: float,
                  clock: Callable[[], float] = time.time, *,
-                 context_max_bytes: int = 8 << 20) -> None:
+                 context_max_bytes: int = 8 << 20, keep_live_s: float = 0.0) -> None:
         self.store = store
         self.node_id = node_id
         self.retention_s = retention_s
         self.clock = clock
         self.context_max_bytes = context_max_bytes
         """Cap on one session's saved model context (`duplex.store.context`)."""
+        self.live = LiveStates(keep_live_s)
+        """Engine states of dropped connections, kept for a resume on this node."""
 
     def new_lease(self, session_id: str) -> tuple[Lease, str]:
         """A lease for a new session and its resume token (only the token's hash is kept)."""

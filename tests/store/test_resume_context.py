@@ -7,8 +7,10 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -166,3 +168,41 @@ async def test_reply_after_resume_on_another_node_equals_the_uninterrupted_reply
     await fresh.text_turn("and the day after?")
     assert await fresh.reply(output_modalities=["text"], **GREEDY) != expected
     await fresh.ws.close()
+
+
+def prefill_calls(server):
+    text = httpx.get(f"{server.url}/metrics").text
+    found = re.search(r'^duplex_stage_batch_size_count\{stage="prefill"\} (\S+)$', text, re.M)
+    return int(float(found.group(1))) if found else 0
+
+
+async def test_a_resume_on_the_node_that_kept_the_live_state_takes_it_over_without_prefill(
+        server_process, redis_server, tiny_omni_dir):
+    env = {**os.environ, "DUPLEX_STORE__KEEP_LIVE_S": "30", "DUPLEX_REDIS_URL": redis_server.url}
+    node = server_process("--model", str(tiny_omni_dir), "--node-id", "a", env=env)
+    client, session = await new_session(node)
+    await client.text_turn("what is the weather?")
+    first = await client.reply(output_modalities=["text"], **GREEDY)
+    await client.ws.close()  # the connection drops; the node lives on
+    await eventually(lambda: httpx.get(f"{node.url}/healthz").json()["active_sessions"] == 0,
+                     "the dropped connection's session ends")
+
+    client, resumed = await resume(node, session)
+    assert resumed["type"] == "session.resumed"
+    assert resumed["rebuilt_context"]["kept_live"] is True
+    assert resumed["rebuilt_context"]["items"] == 2
+    await client.text_turn("and tomorrow?")
+    second = await client.reply(output_modalities=["text"], **GREEDY)
+    assert first and second
+    await client.ws.close()
+
+    # Every prefill of that session happened before its second reply began. One more turn of
+    # another session, and the first report that counts it counts them all: one call per text
+    # turn, and none for putting a context back.
+    probe, _ = await new_session(node)
+    await probe.text_turn("hello")
+    await probe.reply(output_modalities=["text"], **GREEDY)
+    await probe.ws.close()
+    count = await eventually(lambda: (n := prefill_calls(node)) >= 3 and n,
+                             "the probe's prefill reported")
+    assert count == 3

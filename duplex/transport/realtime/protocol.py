@@ -314,6 +314,11 @@ class RealtimeProtocol:
             self._instruct(out)
         return out
 
+    def continue_epoch(self, epoch: int) -> None:
+        """This connection took over the engine session a dropped one left at `epoch` (a
+        resume on the node that kept it): replies go on from that epoch."""
+        self.core.epoch = epoch
+
     def configure(self, session: dict[str, Any]) -> None:
         """Apply GA session settings without an event (an ephemeral key's, before
         session.created); raises ProtocolError."""

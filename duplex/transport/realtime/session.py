@@ -20,8 +20,17 @@ from duplex.media.image import decode_image
 from duplex.observability.logs import bind_session
 from duplex.observability.metrics import Metrics
 from duplex.store import ResumeError, SessionRegistry
-from duplex.store.context import AudioSpan, ContextRecord, ReplySpan, TextSpan, from_pcm16, quantize
+from duplex.store.context import (
+    AudioSpan,
+    ContextRecord,
+    Rebuilt,
+    ReplySpan,
+    TextSpan,
+    from_pcm16,
+    quantize,
+)
 from duplex.store.keeper import SessionKeeper
+from duplex.store.live import Parked
 from duplex.transcription.service import (
     RECOGNITION_FAILED,
     TranscriptionError,
@@ -155,6 +164,21 @@ class RealtimeSession(SessionLoop):
             await self.keeper.start()
         return await self.execute(self.protocol.start())
 
+    def release_engine(self) -> None:
+        """A connection that dropped (nobody closed the session on purpose) leaves its engine
+        state on this node a while, for a resume here to take over."""
+        live = self.keeper.registry.live if self.keeper is not None else None
+        if live is None or not live.keep_s or self.close_code is not None or self.keeper.fenced:
+            super().release_engine()
+            return
+        engine, engine_id = self.engine, self.engine_id
+        # The reply that was playing ends here; the new connection starts past its epoch.
+        epoch = self.protocol.core.epoch + 1
+        engine.cancel(engine_id, epoch)
+        engine.park(engine_id)
+        live.park(self.protocol.session_id, Parked(engine_id, self.keeper.lease.epoch, epoch,
+                                                   lambda: engine.close(engine_id)))
+
     async def ended(self) -> None:
         if self.keeper is not None:
             await self.keeper.stop()
@@ -237,7 +261,7 @@ class RealtimeSession(SessionLoop):
             return await self.execute(
                 self.protocol.refuse("invalid_image", str(exc), "item.content.0.image_url")
             )
-        self.engine.push_frame(self.session_id, rgb)
+        self.engine.push_frame(self.engine_id, rgb)
         return False
 
     def sent(self, event: dict) -> None:
@@ -247,7 +271,7 @@ class RealtimeSession(SessionLoop):
             self.keeper.touch()
 
     async def carry_out(self, effect) -> bool:
-        sid = self.session_id
+        sid = self.engine_id
         if isinstance(effect, EngineClearInput):
             self.engine.clear_input(sid)
         elif isinstance(effect, EnginePushFrame):
@@ -315,7 +339,16 @@ class RealtimeSession(SessionLoop):
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
         rebuilt = None
-        if self.context is not None:
+        parked = self.keeper.registry.live.take(record.id, lease.epoch)
+        if parked is not None and self.engine.adopt(parked.engine_id, self.deliver):
+            self.engine.close(self.engine_id)
+            self.engine_id = parked.engine_id
+            self.protocol.continue_epoch(parked.reply_epoch)
+            context = self._new_context(record.context) if self.context is not None else None
+            self.context = context
+            rebuilt = (context.summary(kept_live=True) if context is not None
+                       else Rebuilt(0, 0.0, 0, kept_live=True)).wire()
+        elif self.context is not None:
             self.context = self._new_context(record.context)
             rebuilt = self._rebuild(self.context).wire()
         log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
