@@ -61,6 +61,10 @@ class ThinkerToken:
     finished: bool
     token_id: int | None = None
     """The token itself, for models whose context a resume rebuilds (None: the model has none)."""
+    usage: dict[str, Any] | None = None
+    """With a reply's first token: what its context held (input and cached positions, what
+    truncation dropped); `reason` ends a reply that could not run."""
+    reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,10 @@ class ResponseFinished:
     epoch: int
     n_samples: int
     reason: str = "completed"
-    """completed, or max_output_tokens when the reply was cut at its token limit."""
+    """completed, max_output_tokens when the reply was cut at its token limit, or
+    context_length_exceeded when its context was full and truncation disabled."""
+    usage: dict[str, Any] | None = None
+    """What the model reported of the reply's context, and `output_tokens`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,7 @@ class Response:
     tokens: int = 0
     finish_reason: str = "completed"
     text: ThinkerText = field(default_factory=ThinkerText)
+    usage: dict[str, Any] | None = None
     pending_ids: list[int] = field(default_factory=list)
     """Token ids not yet on their way to the Talker (inside a tool call, or no frame yet)."""
 
@@ -449,8 +453,12 @@ class Scheduler:
     def _token(self, sq, e, result: ThinkerToken, now, version, out) -> None:
         """Speech goes on to the Talker (or out as text); tool calls go out apart, unvoiced."""
         r = sq.response
-        r.tokens += 1
+        r.tokens += 0 if result.reason is not None else 1
         finished = result.finished
+        if result.reason is not None:
+            r.finish_reason = result.reason
+        if result.usage is not None:
+            r.usage = result.usage
         if not finished and r.spec.max_output_tokens is not None \
                 and r.tokens >= r.spec.max_output_tokens:
             finished, r.finish_reason = True, "max_output_tokens"
@@ -469,7 +477,8 @@ class Scheduler:
             if speech:
                 out.append(TextOut(sq.session_id, sq.epoch, speech))
             if finished:
-                out.append(ResponseFinished(sq.session_id, sq.epoch, 0, r.finish_reason))
+                out.append(ResponseFinished(sq.session_id, sq.epoch, 0, r.finish_reason,
+                                            _usage(r)))
                 sq.response = None
             return
         if speech or not r.text.in_call:
@@ -520,8 +529,12 @@ class Scheduler:
         r = sq.response
         if r is not None and r.talker_done and not sq.queues[Kind.CODES]:
             out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples,
-                                        r.finish_reason))
+                                        r.finish_reason, _usage(r)))
             sq.response = None
+
+
+def _usage(r: Response) -> dict[str, Any] | None:
+    return None if r.usage is None else {**r.usage, "output_tokens": r.tokens}
 
 
 _APPLY_RESULT = {

@@ -211,6 +211,7 @@ class Qwen3OmniAdapter(DuplexModel):
         if sess.voice not in self.voices:
             raise ValueError(f"unknown voice {spec.voice!r}; have {', '.join(self.voices)}")
         sess.temperature = spec.temperature
+        sess.truncation = spec.truncation
         self._thinker.begin(sess, spec.instructions, spec.tools)
 
     @torch.inference_mode()

@@ -155,6 +155,7 @@ class Thinker:
                 else:
                     self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
+        rows = [sess for sess in rows if self._fits(sess)]
         if rows:
             self.forward(rows)
 
@@ -176,6 +177,9 @@ class Thinker:
         sess.responding, sess.thinker_done = True, False
         sess.token_ids, sess.prefix_offset, sess.read_offset = [], 0, 0
         sess.talker_done = False
+        if sess.truncation.type != "disabled":
+            sess.full = False
+        sess.cached = self.kv.length[sess.thinker_slot] if sess.thinker_slot is not None else 0
 
     def restore_reply(self, sess: Session, turn: ReplyTurn) -> None:
         """Lay a heard reply into the context as `begin` and `decode` laid it when it was
@@ -187,23 +191,39 @@ class Thinker:
             self.push_text(sess, list(turn.ids[:-1]), OTHER)
         sess.last_token = turn.ids[-1] if turn.ids else None
 
+    def _limit(self, sess: Session) -> int:
+        post = sess.truncation.post_instructions
+        limit = self.options.max_context
+        return limit if post is None else min(limit, sess.keep + post)
+
+    def _fits(self, sess: Session) -> bool:
+        """Make room for the session's pending positions as its truncation policy says; False
+        when it says not to (`disabled`): the pending input is refused."""
+        if sess.thinker_slot is None:
+            sess.thinker_slot = self.kv.acquire(sess.sid)
+        n = sum(p.embeds.shape[0] for p in sess.pending)
+        length, limit, keep = self.kv.length[sess.thinker_slot], self._limit(sess), sess.keep
+        if length + n <= limit:
+            return True
+        policy = sess.truncation
+        if policy.type == "disabled":
+            sess.pending, sess.full = [], True
+            return False
+        if n > limit - keep:
+            raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - keep} evictable")
+        if policy.type == "retention_ratio":
+            target = math.floor(policy.ratio * (limit - keep))
+        else:
+            target = limit - keep - limit // 4
+        drop = min(max(length + n - limit, length - keep - target), length - keep)
+        self.kv.evict(sess.thinker_slot, keep, drop)
+        sess.dropped += drop
+        return True
+
     def forward(self, sessions: list[Session]) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
-        opts = self.options
         pieces = [sess.pending for sess in sessions]
         new = [sum(p.embeds.shape[0] for p in row) for row in pieces]
-        for sess, n in zip(sessions, new, strict=True):
-            if sess.thinker_slot is None:
-                sess.thinker_slot = self.kv.acquire(sess.sid)
-            length = self.kv.length[sess.thinker_slot]
-            if length + n > opts.max_context:
-                room = opts.max_context - sess.keep
-                if n > room:
-                    raise ContextTooLong(f"{sess.sid}: {n} new positions, {room} evictable")
-                drop = min(
-                    max(length + n - opts.max_context, opts.max_context // 4), length - sess.keep
-                )
-                self.kv.evict(sess.thinker_slot, sess.keep, drop)
         q, batch = max(new), len(sessions)
         embeds = torch.nn.utils.rnn.pad_sequence(
             [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
@@ -261,6 +281,12 @@ class Thinker:
                 embeds = embed(ids)
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
+            for sess in [s for s in active if s.full or not self._fits(s)]:
+                sess.thinker_done = True
+                results[id(sess)] = ThinkerToken("", None, True, reason="context_length_exceeded")
+            active = [s for s in active if id(s) not in results]
+        if active:
+            embed = self.module.get_input_embeddings()
             last = self.forward(active)
             logits = self.module.lm_head(last).float()
             logits[:, self.suppress] = -math.inf
@@ -278,8 +304,14 @@ class Thinker:
                 is_eos = tok in self.ids["eos"]
                 sess.token_ids.append(tok)
                 sess.thinker_done = is_eos or len(sess.token_ids) >= opts.max_text_tokens
+                usage = None
+                if len(sess.token_ids) == 1:
+                    usage = {"input_tokens": self.kv.length[sess.thinker_slot],
+                             "cached_tokens": sess.cached, "truncated_tokens": sess.dropped,
+                             "truncation": sess.truncation.type}
+                    sess.dropped = 0
                 results[id(sess)] = ThinkerToken(
-                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok
+                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok, usage
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 

@@ -717,8 +717,9 @@ class RealtimeProtocol:
             self.replies.on_audio(epoch, pcm, text)
         return []
 
-    def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
-        self.replies.on_finished(epoch, reason)
+    def on_engine_finished(self, epoch: int, reason: str = "completed",
+                           usage: dict[str, Any] | None = None) -> list[Effect]:
+        self.replies.on_finished(epoch, reason, usage)
         return []
 
     def on_engine_text(self, epoch: int, text: str) -> list[Effect]:

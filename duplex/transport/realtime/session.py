@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from duplex.access.limits import Quota
 from duplex.engine.client import EngineClient
-from duplex.engine.scheduler import ReplyTokens, ResponseTimings
+from duplex.engine.scheduler import ReplyTokens, ResponseFinished, ResponseTimings
 from duplex.media.image import decode_image
 from duplex.observability.logs import bind_session
 from duplex.observability.metrics import Metrics
@@ -233,6 +233,8 @@ class RealtimeSession(SessionLoop):
             if self.context is not None:
                 self.context.tokens(t.epoch, t.ids, t.media_start)
             return []
+        if isinstance(t, ResponseFinished):
+            return self.protocol.on_engine_finished(t.epoch, t.reason, t.usage)
         if isinstance(t, ResponseTimings):
             return self.protocol.on_engine_timings({
                 "input": t.input_ms,
