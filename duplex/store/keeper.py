@@ -33,6 +33,8 @@ class SessionKeeper:
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._saved_context: dict[str, Any] | None = None
+        """The model context the registry holds from this keeper's last save."""
 
     async def start(self) -> None:
         # Saved before the client learns its resume token, so a resume can always find it.
@@ -57,8 +59,11 @@ class SessionKeeper:
             if self.fenced:
                 return
             conversation, config, context = self.snapshot()
+            # The context is the bulk of a record and mostly unchanged between saves.
+            unchanged = context == self._saved_context
             try:
-                await self.registry.save(self.lease, conversation, config, context)
+                fresh = await self.registry.save(self.lease, conversation, config,
+                                                 None if unchanged else context)
             except Fenced as exc:
                 self.fenced = True
                 log.warning("session %s taken over: %s", self.lease.session_id, exc)
@@ -69,6 +74,11 @@ class SessionKeeper:
                                 self.lease.session_id, exc)
                 self.reachable = False
             else:
+                self._saved_context = context
+                if fresh and unchanged:
+                    # The registry had lost the record: its context goes with the next save.
+                    self._saved_context = None
+                    self.touch()
                 if not self.reachable:
                     log.info("session registry reachable again; session %s saved",
                              self.lease.session_id)
@@ -78,6 +88,7 @@ class SessionKeeper:
         """Keep `lease` (a resumed session) instead; the fresh session it replaces is dropped."""
         async with self._lock:
             old, self.lease = self.lease, lease
+            self._saved_context = None
             with contextlib.suppress(StoreUnavailable):
                 await self.registry.forget(old)
         self.touch()

@@ -60,13 +60,15 @@ class SessionRegistry:
         return Lease(session_id, 1, hash_secret(token), self.clock()), token
 
     async def save(self, lease: Lease, conversation: list[dict[str, Any]],
-                   config: dict[str, Any], context: dict[str, Any] | None = None) -> None:
-        """Write the session under the lease's epoch; raises Fenced or StoreUnavailable."""
-        await self.store.save(SessionRecord(
+                   config: dict[str, Any], context: dict[str, Any] | None = None) -> bool:
+        """Write the session under the lease's epoch; raises Fenced or StoreUnavailable.
+        `context` None leaves the stored model context as it is; True when the record was
+        missing and so has none."""
+        return await self.store.save(SessionRecord(
             id=lease.session_id, owner=self.node_id, epoch=lease.epoch,
             secret_hash=lease.secret_hash, deadline=self.clock() + self.retention_s,
             created_at=lease.created_at, conversation=conversation, config=config,
-            context=context or {},
+            context=context,
         ))
 
     async def forget(self, lease: Lease) -> None:
