@@ -61,23 +61,45 @@ def decode_flac(data: bytes) -> np.ndarray:
     return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
 
 
+BLOCK_S = 10
+"""Audio is encoded in blocks of this many seconds, each once: a save re-encodes only the last."""
+
+
 @dataclass
 class AudioSpan:
     pcm16: list[np.ndarray] = field(default_factory=list)
-    _blob: tuple[int, str] | None = None
-    """(samples, base64 FLAC) of the last encoding, reused while no audio was added."""
+    """Samples not yet in a full block."""
+    blocks: list[tuple[int, str]] = field(default_factory=list)
+    """(samples, base64 FLAC) of each full block."""
+    _tail: tuple[int, str] | None = None
+    """The last encoding of `pcm16`, reused while no audio was added."""
 
     @property
     def samples(self) -> int:
-        return sum(len(p) for p in self.pcm16)
+        return sum(n for n, _ in self.blocks) + sum(len(p) for p in self.pcm16)
 
-    def blob(self, rate: int) -> str:
-        n = self.samples
-        if self._blob is None or self._blob[0] != n:
-            pcm = np.concatenate(self.pcm16) if self.pcm16 else np.zeros(0, np.int16)
+    def add(self, pcm16: np.ndarray, rate: int) -> None:
+        self.pcm16.append(pcm16)
+        pending = sum(len(p) for p in self.pcm16)
+        if pending >= BLOCK_S * rate:
+            pcm = np.concatenate(self.pcm16)
+            n = BLOCK_S * rate
+            self.blocks.append((n, base64.b64encode(encode_flac(pcm[:n], rate)).decode()))
+            self.pcm16 = [pcm[n:]]
+
+    def blobs(self, rate: int) -> list[tuple[int, str]]:
+        """(samples, base64 FLAC) of every block, the samples not yet in one last."""
+        tail = sum(len(p) for p in self.pcm16)
+        if tail and (self._tail is None or self._tail[0] != tail):
+            pcm = np.concatenate(self.pcm16)
             self.pcm16 = [pcm]
-            self._blob = (n, base64.b64encode(encode_flac(pcm, rate)).decode())
-        return self._blob[1]
+            self._tail = (tail, base64.b64encode(encode_flac(pcm, rate)).decode())
+        return self.blocks + ([self._tail] if tail else [])
+
+    def pcm(self) -> np.ndarray:
+        """Every sample, in order (decoded from the blocks)."""
+        parts = [decode_flac(base64.b64decode(b)) for _, b in self.blocks] + self.pcm16
+        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
 
 
 @dataclass
@@ -146,7 +168,7 @@ class ContextRecord:
         """Float32 at the model's input rate, already `quantize`d."""
         if not (self.spans and isinstance(self.spans[-1], AudioSpan)):
             self.spans.append(AudioSpan())
-        self.spans[-1].pcm16.append(np.round(pcm * 32767.0).astype(np.int16))
+        self.spans[-1].add(np.round(pcm * 32767.0).astype(np.int16), self.input_rate)
 
     def text(self, text: str, role: str) -> None:
         self.spans.append(TextSpan(text, role))
@@ -173,19 +195,18 @@ class ContextRecord:
         entries: list[dict[str, Any]] = []
         for span in self.spans:
             if isinstance(span, AudioSpan):
-                entries.append({"audio": span.blob(self.input_rate), "samples": span.samples})
+                blobs = span.blobs(self.input_rate)
+                entries.append({"audio": [b for _, b in blobs], "samples": [n for n, _ in blobs]})
             elif isinstance(span, TextSpan):
                 entries.append({"text": span.text, "role": span.role})
             else:
                 h = heard(span.core_id) if span.core_id is not None else None
                 entries.append({"reply": span.heard_ids(h, self.scale),
                                 "instructions": span.instructions, "tools": list(span.tools)})
-        size = sum(len(e.get("audio", "")) + 8 * len(e.get("reply", ())) + len(e.get("text", ""))
-                   for e in entries)
+        size = sum(_size(e) for e in entries)
         left_out = self.left_out
         while entries and size > self.max_bytes:
-            e = entries.pop(0)
-            size -= len(e.get("audio", "")) + 8 * len(e.get("reply", ())) + len(e.get("text", ""))
+            size -= _size(entries.pop(0))
             left_out += 1
         head = None if self.head is None else {"instructions": self.head[0],
                                                "tools": list(self.head[1])}
@@ -205,9 +226,8 @@ class ContextRecord:
         record.left_out = data.get("left_out", 0)
         for e in data.get("entries", []):
             if "audio" in e:
-                span = AudioSpan([decode_flac(base64.b64decode(e["audio"]))])
-                span._blob = (span.samples, e["audio"])
-                record.spans.append(span)
+                record.spans.append(AudioSpan(blocks=list(zip(e["samples"], e["audio"],
+                                                              strict=True))))
             elif "text" in e:
                 record.spans.append(TextSpan(e["text"], e["role"]))
             else:
@@ -220,3 +240,9 @@ class ContextRecord:
         items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)
         samples = sum(s.samples for s in self.spans if isinstance(s, AudioSpan))
         return Rebuilt(items, samples / self.input_rate, self.left_out, kept_live)
+
+
+def _size(entry: dict[str, Any]) -> int:
+    """Bytes an entry takes in the record, near enough (a token id as 8)."""
+    return (sum(len(b) for b in entry.get("audio", ())) + 8 * len(entry.get("reply", ()))
+            + len(entry.get("text", "")))

@@ -83,7 +83,7 @@ def test_a_reply_heard_in_full_is_kept_whole_and_survives_a_save_and_load():
 
     loaded = ContextRecord.from_record(json.loads(json.dumps(data)), 16000, RATE, RATE, 1 << 20)
     assert loaded.head == ("be brief", ())
-    audio = np.concatenate(loaded.spans[0].pcm16)
+    audio = loaded.spans[0].pcm()
     # The model hears `quantize`d audio; the record gives it back bit for bit.
     assert from_pcm16(audio).tobytes() == pcm.tobytes()
     assert loaded.spans[1].heard_ids(None, 1.0) == [100, 101, 102, 103, 104, 7, 8]
@@ -115,3 +115,22 @@ def test_past_the_byte_cap_the_oldest_turns_are_left_out_and_counted():
     assert data["head"] == {"instructions": "be brief", "tools": []}
     loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 60_000)
     assert loaded.summary().left_out == 3
+
+
+def test_long_audio_is_kept_in_blocks_encoded_once_and_comes_back_whole():
+    record = ContextRecord(16000, RATE, RATE, 1 << 24)
+    rng = np.random.default_rng(3)
+    pcm = quantize(rng.uniform(-0.2, 0.2, 16000 * 25).astype(np.float32))
+    for part in np.array_split(pcm, 50):  # as the session pushes it, a piece at a time
+        record.audio(part)
+    first = record.to_record(lambda core_id: None)["entries"][0]
+    assert first["samples"] == [160000, 160000, 80000]
+    record.audio(pcm[:1600])
+    again = record.to_record(lambda core_id: None)["entries"][0]
+    # Full blocks are not encoded again; only the tail grew.
+    assert again["audio"][:2] == first["audio"][:2] and again["samples"][2] == 81600
+    loaded = ContextRecord.from_record(json.loads(json.dumps({
+        "rate": 16000, "head": None, "entries": [again]})), 16000, RATE, RATE, 1 << 24)
+    restored = from_pcm16(loaded.spans[0].pcm())
+    assert restored.tobytes() == np.concatenate([pcm, pcm[:1600]]).tobytes()
+    assert loaded.summary().audio_seconds == 25.1

@@ -66,6 +66,7 @@ class Client:
         """Ask for a reply; its transcript (audio) or text, as sent."""
         await self.send("response.create", response=response)
         events = await self.until("response.done")
+        self.usage = events[-1]["response"]["usage"]
         assert events[-1]["response"]["status"] in ("completed", "incomplete")
         return "".join(e["delta"] for e in events if e["type"] in (
             "response.output_audio_transcript.delta", "response.output_text.delta"))
@@ -183,6 +184,7 @@ async def test_a_resume_on_the_node_that_kept_the_live_state_takes_it_over_witho
     client, session = await new_session(node)
     await client.text_turn("what is the weather?")
     first = await client.reply(output_modalities=["text"], **GREEDY)
+    first_usage = client.usage
     await client.ws.close()  # the connection drops; the node lives on
     await eventually(lambda: httpx.get(f"{node.url}/healthz").json()["active_sessions"] == 0,
                      "the dropped connection's session ends")
@@ -194,6 +196,11 @@ async def test_a_resume_on_the_node_that_kept_the_live_state_takes_it_over_witho
     await client.text_turn("and tomorrow?")
     second = await client.reply(output_modalities=["text"], **GREEDY)
     assert first and second
+    # The second reply ran on the whole first exchange, found in the KV cache as it was.
+    usage = client.usage
+    assert usage["input_tokens"] > first_usage["input_tokens"] + first_usage["output_tokens"]
+    assert usage["input_token_details"]["cached_tokens"] > first_usage["input_tokens"]
+    assert usage["truncation"] == {"type": "auto", "truncated_tokens": 0}
     await client.ws.close()
 
     # Every prefill of that session happened before its second reply began. One more turn of

@@ -365,8 +365,7 @@ class RealtimeSession(SessionLoop):
             engine.instruct(sid, *context.head)
         for span in context.spans:
             if isinstance(span, AudioSpan):
-                for pcm16 in span.pcm16:
-                    engine.push_audio(sid, from_pcm16(pcm16))
+                engine.push_audio(sid, from_pcm16(span.pcm()))
             elif isinstance(span, TextSpan):
                 engine.push_text(sid, span.text, span.role)
             elif isinstance(span, ReplySpan) and (ids := span.heard_ids(None, 1.0)):
