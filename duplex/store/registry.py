@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from duplex.store.live import LiveStates
 from duplex.store.base import (
     EphemeralKey,
     Fenced,
@@ -21,6 +20,7 @@ from duplex.store.base import (
     new_secret,
     secret_matches,
 )
+from duplex.store.live import LiveStates
 
 
 class ResumeError(Exception):

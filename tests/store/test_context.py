@@ -108,8 +108,8 @@ def test_past_the_byte_cap_the_oldest_turns_are_left_out_and_counted():
         record.audio(quantize(rng.uniform(-0.5, 0.5, 16000).astype(np.float32)))
         record.text(f"turn {turn}", "user")
     data = record.to_record(lambda core_id: None)
-    # One second of noise is ~43 kB of base64 FLAC: only the newest audio fits, and what
-    # follows the newest entry the cap let go.
+    # One second of noise is ~43 kB of base64 FLAC: the oldest entries go until the rest
+    # fits, which leaves the newest audio and the texts around it.
     assert data["left_out"] == 3
     assert [e.get("text") for e in data["entries"]] == ["turn 1", None, "turn 2"]
     assert data["head"] == {"instructions": "be brief", "tools": []}
