@@ -140,13 +140,16 @@ class ToolCallOut:
 
 @dataclass(frozen=True, slots=True)
 class ReplyTokens:
-    """Token ids of the reply, in order; `media_start` is where the audio voicing them starts
-    in the reply (output samples), None for tokens never voiced (text replies, tool calls)."""
+    """Consecutive token ids of the reply, the first its `start`-th token (unvoiced ones go out
+    at once, voiced ones with their audio, so they may arrive out of order); `media_start` is
+    where the audio voicing them starts in the reply (output samples), None for tokens never
+    voiced (text replies, tool calls)."""
 
     session_id: str
     epoch: int
     ids: tuple[int, ...]
     media_start: int | None
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,8 @@ class Response:
     usage: dict[str, Any] | None = None
     pending_ids: list[int] = field(default_factory=list)
     """Token ids not yet on their way to the Talker (inside a tool call, or no frame yet)."""
+    ids_start: int = 0
+    """The place in the reply of `pending_ids[0]`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +490,9 @@ class Scheduler:
             token = ThinkerToken(speech, result.conditioning, finished)
             sq.queues[Kind.TOKENS].append(Payload(
                 sq.session_id, sq.epoch, Kind.TOKENS, token, r.out_seq, 0, 0, version,
-                final=finished, text=speech, enqueued_at=now, ids=tuple(r.pending_ids)))
+                final=finished, text=speech, enqueued_at=now, ids=tuple(r.pending_ids),
+                ids_start=r.ids_start))
+            r.ids_start += len(r.pending_ids)
             r.pending_ids = []
         if finished:
             self._unvoiced_ids(sq, r, out)
@@ -493,29 +500,33 @@ class Scheduler:
     @staticmethod
     def _unvoiced_ids(sq: SessionQueues, r: Response, out: list) -> None:
         if r.pending_ids:
-            out.append(ReplyTokens(sq.session_id, sq.epoch, tuple(r.pending_ids), None))
+            out.append(ReplyTokens(sq.session_id, sq.epoch, tuple(r.pending_ids), None,
+                                   r.ids_start))
+            r.ids_start += len(r.pending_ids)
             r.pending_ids = []
 
     def _codes(self, sq, e, result: TalkerFrame, now, version, out) -> None:
         r = sq.response
         ids = e.payload.ids if e.payload is not None else ()
+        ids_start = e.payload.ids_start if e.payload is not None else 0
         if result.codes is not None:
             if r.first_codes_at is None:
                 r.first_codes_at = now
             sq.queues[Kind.CODES].append(Payload(
                 sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0, version,
                 final=result.finished, text=e.payload.text if e.payload is not None else "",
-                enqueued_at=now, ids=ids))
+                enqueued_at=now, ids=ids, ids_start=ids_start))
             r.out_seq += 1
         elif ids:
             # No frame voices them: they count as heard with the reply's end.
-            out.append(ReplyTokens(sq.session_id, sq.epoch, ids, r.emitted_samples))
+            out.append(ReplyTokens(sq.session_id, sq.epoch, ids, r.emitted_samples, ids_start))
         r.talker_done = result.finished
 
     def _audio(self, sq, e, result, now, version, out) -> None:
         r = sq.response
         if e.payload.ids:
-            out.append(ReplyTokens(sq.session_id, sq.epoch, e.payload.ids, r.emitted_samples))
+            out.append(ReplyTokens(sq.session_id, sq.epoch, e.payload.ids, r.emitted_samples,
+                                   e.payload.ids_start))
         if len(result):
             if r.first_audio_at is None:
                 r.first_audio_at = now

@@ -115,13 +115,15 @@ class ReplySpan:
     epoch: int
     instructions: str
     tools: tuple[dict[str, Any], ...]
-    tokens: list[tuple[int | None, tuple[int, ...]]] = field(default_factory=list)
-    """(where their audio starts in the reply, ids); None for tokens never voiced."""
+    tokens: list[tuple[int, int | None, tuple[int, ...]]] = field(default_factory=list)
+    """(place in the reply, where their audio starts in it, ids); None: never voiced."""
 
     def heard_ids(self, heard: int | None, scale: float) -> list[int]:
+        """The reply's tokens in order, up to the first whose audio had not started."""
         ids: list[int] = []
-        for start, part in self.tokens:
-            if heard is not None and start is not None and start * scale >= heard:
+        for place, start, part in sorted(self.tokens):
+            if place != len(ids) or (heard is not None and start is not None
+                                     and start * scale >= heard):
                 break
             ids += part
         return ids
@@ -177,10 +179,12 @@ class ContextRecord:
               tools: tuple[dict[str, Any], ...]) -> None:
         self.spans.append(ReplySpan(core_id, epoch, instructions, tuple(tools)))
 
-    def tokens(self, epoch: int, ids: tuple[int, ...], media_start: int | None) -> None:
+    def tokens(self, epoch: int, ids: tuple[int, ...], media_start: int | None,
+               place: int) -> None:
+        """Reply tokens from the engine (`ReplyTokens`), the first the reply's `place`-th."""
         last = next((s for s in reversed(self.spans) if isinstance(s, ReplySpan)), None)
         if last is not None and last.epoch == epoch and last.core_id is not None:
-            last.tokens.append((media_start, tuple(ids)))
+            last.tokens.append((place, media_start, tuple(ids)))
 
     def clear_input(self) -> None:
         """The user cleared the input buffer: the audio since the last turn is gone."""
@@ -232,7 +236,7 @@ class ContextRecord:
                 record.spans.append(TextSpan(e["text"], e["role"]))
             else:
                 span = ReplySpan(None, -1, e["instructions"], tuple(e["tools"]))
-                span.tokens = [(None, tuple(e["reply"]))]
+                span.tokens = [(0, None, tuple(e["reply"]))]
                 record.spans.append(span)
         return record
 

@@ -21,8 +21,9 @@ def protocol():
     return p
 
 
-def generate(p, record, frames, first_id=100):
-    """A reply whose engine has generated `frames` frames, one token each, none played yet."""
+def generate(p, record, frames, first_id=100, place=0):
+    """A reply whose engine has generated `frames` frames, one token each (the first the
+    reply's `place`-th), none played yet."""
     audio = np.zeros(RATE // 5, "<i2").tobytes()
     p.receive_text(json.dumps({"type": "input_audio_buffer.append",
                                "audio": base64.b64encode(audio).decode()}))
@@ -30,7 +31,7 @@ def generate(p, record, frames, first_id=100):
     r = p.response
     record.reply(r.core_id, r.epoch, "be brief", ())
     for i in range(frames):
-        record.tokens(r.epoch, (first_id + i,), i * FRAME)
+        record.tokens(r.epoch, (first_id + i,), i * FRAME, place + i)
         p.on_engine_audio(r.epoch, np.zeros(FRAME, np.float32), f"w{i} ")
     return r.epoch
 
@@ -63,7 +64,7 @@ def test_a_barge_in_fixes_what_was_heard_and_later_tokens_do_not_join():
     now = play(p, 0.3)
     p.receive_text('{"type": "output_audio_buffer.clear"}')
     # Tokens the engine still had on their way when the reply was cut.
-    record.tokens(epoch, (999,), 10 * FRAME)
+    record.tokens(epoch, (999,), 10 * FRAME, 10)
     [reply] = saved_reply(record, p, now + RATE)
     assert reply == list(range(100, 104))
 
@@ -74,7 +75,7 @@ def test_a_reply_heard_in_full_is_kept_whole_and_survives_a_save_and_load():
     pcm = quantize(np.random.default_rng(1).uniform(-0.4, 0.4, 16000).astype(np.float32))
     record.audio(pcm)
     generate(p, record, frames=5)
-    record.tokens(p.response.epoch, (7, 8), None)  # a tool call's tokens, never voiced
+    record.tokens(p.response.epoch, (7, 8), None, 5)  # a tool call's tokens, never voiced
     p.on_engine_finished(p.response.epoch)
     now = play(p, 2.0)
     record.text("the tool said 3", "tool")
@@ -90,6 +91,21 @@ def test_a_reply_heard_in_full_is_kept_whole_and_survives_a_save_and_load():
     assert (loaded.spans[2].text, loaded.spans[2].role) == ("the tool said 3", "tool")
     summary = loaded.summary()
     assert (summary.items, summary.audio_seconds, summary.left_out) == (3, 1.0, 0)
+
+
+def test_tokens_kept_in_the_reply_order_whatever_order_they_arrive_in():
+    # A tool call's tokens go out as the Thinker writes them; the speech before them only
+    # with its audio, later.
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    epoch = generate(p, record, frames=3, place=2)
+    record.tokens(epoch, (7, 8), None, 0)
+    p.on_engine_finished(epoch)
+    now = play(p, 1.0)
+    assert saved_reply(record, p, now) == [[7, 8, 100, 101, 102]]
+    # A gap (tokens still on their way) ends what is kept, as an unheard token does.
+    p2, record2 = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    generate(p2, record2, frames=3, place=2)
+    assert saved_reply(record2, p2, play(p2, 1.0)) == [[]]
 
 
 def test_flac_is_lossless_and_smaller_than_the_samples_for_speech_like_audio():

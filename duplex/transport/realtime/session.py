@@ -231,7 +231,7 @@ class RealtimeSession(SessionLoop):
         t = message.event
         if isinstance(t, ReplyTokens):
             if self.context is not None:
-                self.context.tokens(t.epoch, t.ids, t.media_start)
+                self.context.tokens(t.epoch, t.ids, t.media_start, t.start)
             return []
         if isinstance(t, ResponseFinished):
             return self.protocol.on_engine_finished(t.epoch, t.reason, t.usage)
