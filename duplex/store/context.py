@@ -9,8 +9,9 @@ the normal batched stages, in order, before any later reply can begin.
 
 User audio is 16-bit PCM: the session quantises what it pushes to the engine onto that grid, so
 the model hears the very samples the record keeps, and FLAC (through PyAV) stores them
-losslessly. Past `max_bytes` the oldest turns are left out of the saved record, as the Thinker's
-own eviction drops the oldest context first; the system turn always stays.
+losslessly, in blocks of `BLOCK_S`. Past `max_bytes` the oldest entries (and the oldest blocks
+of a long audio entry) are left out of the saved record, as the Thinker's own truncation drops
+the oldest context first; the system turn always stays.
 """
 
 from __future__ import annotations
@@ -80,12 +81,13 @@ class AudioSpan:
 
     def add(self, pcm16: np.ndarray, rate: int) -> None:
         self.pcm16.append(pcm16)
-        pending = sum(len(p) for p in self.pcm16)
-        if pending >= BLOCK_S * rate:
+        n = BLOCK_S * rate
+        if sum(len(p) for p in self.pcm16) >= n:
             pcm = np.concatenate(self.pcm16)
-            n = BLOCK_S * rate
-            self.blocks.append((n, base64.b64encode(encode_flac(pcm[:n], rate)).decode()))
-            self.pcm16 = [pcm[n:]]
+            while len(pcm) >= n:
+                self.blocks.append((n, base64.b64encode(encode_flac(pcm[:n], rate)).decode()))
+                pcm = pcm[n:]
+            self.pcm16 = [pcm]
 
     def blobs(self, rate: int) -> list[tuple[int, str]]:
         """(samples, base64 FLAC) of every block, the samples not yet in one last."""
@@ -210,6 +212,13 @@ class ContextRecord:
         size = sum(_size(e) for e in entries)
         left_out = self.left_out
         while entries and size > self.max_bytes:
+            first = entries[0]
+            if len(first.get("audio", ())) > 1:
+                # One long stretch of audio (a long silence under server VAD) loses its
+                # oldest block, not all of it.
+                size -= len(first["audio"][0])
+                first["audio"], first["samples"] = first["audio"][1:], first["samples"][1:]
+                continue
             size -= _size(entries.pop(0))
             left_out += 1
         head = None if self.head is None else {"instructions": self.head[0],

@@ -150,3 +150,16 @@ def test_long_audio_is_kept_in_blocks_encoded_once_and_comes_back_whole():
     restored = from_pcm16(loaded.spans[0].pcm())
     assert restored.tobytes() == np.concatenate([pcm, pcm[:1600]]).tobytes()
     assert loaded.summary().audio_seconds == 25.1
+
+
+def test_one_long_stretch_of_audio_past_the_cap_loses_its_oldest_blocks_only():
+    record = ContextRecord(16000, RATE, RATE, max_bytes=1_000_000)
+    rng = np.random.default_rng(4)
+    record.text("hello", "user")
+    record.audio(quantize(rng.uniform(-0.5, 0.5, 16000 * 60).astype(np.float32)))
+    data = record.to_record(lambda core_id: None)
+    # ~430 kB of noise per 10 s block: the text and the oldest four blocks go.
+    [entry] = data["entries"]
+    assert entry["samples"] == [160000, 160000] and data["left_out"] == 1
+    loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 1_000_000)
+    assert loaded.summary().audio_seconds == 20.0
