@@ -1,7 +1,9 @@
 """The model's context survives a resume: two `duplex serve` nodes with the tiny Qwen3-Omni on
 one real redis-server, node A killed, the session resumed on node B. With greedy sampling the
 reply after the resume is, token for token, the reply an uninterrupted session gives to the
-same conversation; what was generated but never heard is not in the rebuilt context."""
+same conversation. A resume on the node that kept the dropped connection's engine state takes
+it over with no prefill at all. (What was generated but never heard stays out of the record:
+tests/store/test_context.py.)"""
 
 import asyncio
 import base64
