@@ -7,24 +7,6 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class ReplySpec:
-    audio: bool = True
-    """False: the Thinker alone runs and the reply is text (no Talker, no codec)."""
-    max_output_tokens: int | None = None
-    """Thinker tokens after which the reply ends, incomplete; None for no limit."""
-    instructions: str = ""
-    """The system turn of the Thinker's context."""
-    voice: str | None = None
-    """A speaker of the model's Talker; None for its default."""
-    temperature: float | None = None
-    """Sampling temperature; 0 is greedy (and so deterministic); None for the model's own."""
-    tools: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    tool_choice: str | dict[str, Any] = "auto"
-    truncation: Truncation = field(default_factory=lambda: Truncation())
-    """What the Thinker does when its context fills (the session's `truncation`)."""
-
-
-@dataclass(frozen=True)
 class Truncation:
     """`auto`: drop the oldest quarter of the context past the system turn. `retention_ratio`:
     drop the oldest until `ratio` of the post-instruction limit is in use. `disabled`: drop
@@ -43,3 +25,21 @@ class Truncation:
         limits = setting.get("token_limits") or {}
         return cls("retention_ratio", float(setting["retention_ratio"]),
                    limits.get("post_instructions"))
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    audio: bool = True
+    """False: the Thinker alone runs and the reply is text (no Talker, no codec)."""
+    max_output_tokens: int | None = None
+    """Thinker tokens after which the reply ends, incomplete; None for no limit."""
+    instructions: str = ""
+    """The system turn of the Thinker's context."""
+    voice: str | None = None
+    """A speaker of the model's Talker; None for its default."""
+    temperature: float | None = None
+    """Sampling temperature; 0 is greedy (and so deterministic); None for the model's own."""
+    tools: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    tool_choice: str | dict[str, Any] = "auto"
+    truncation: Truncation = field(default_factory=Truncation)
+    """What the Thinker does when its context fills (the session's `truncation`)."""
