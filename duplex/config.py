@@ -149,6 +149,12 @@ class StoreSettings(_Section):
     """A session stays resumable this long after its last activity."""
     heartbeat_s: float = Field(2.0, gt=0)
     """How often a live session is saved; a node that lost it finds out within this time."""
+    context_max_bytes: int = Field(8 << 20, ge=0)
+    """Cap on one session's saved model context (user audio as FLAC, reply tokens); past it the
+    oldest turns are left out of what a resume on another node rebuilds."""
+    keep_live_s: float = Field(0.0, ge=0)
+    """How long a dropped connection's engine state (the model's context as it is) stays on
+    its node for a resume there to take over instead of rebuilding it; 0: released at once."""
 
     @model_validator(mode="after")
     def _url_selects_redis(self) -> StoreSettings:

@@ -69,7 +69,9 @@ def create_app(settings: Settings) -> Starlette:
     node_id = ss.node_id or f"{socket.gethostname()}-{os.getpid()}"
     # Expired sessions are remembered as long again, so a late resume hears "expired".
     store = open_store(ss.backend, ss.redis_url, tombstone_s=ss.retention_s)
-    registry = SessionRegistry(store, node_id, ss.retention_s)
+    registry = SessionRegistry(store, node_id, ss.retention_s,
+                               context_max_bytes=ss.context_max_bytes,
+                               keep_live_s=ss.keep_live_s)
     lim = settings.limits
     # Without a session limit there is nothing to count, so nothing goes to Redis.
     seats = (RedisSeats(store.redis, lim, ss.heartbeat_s)
@@ -129,6 +131,7 @@ def create_app(settings: Settings) -> Starlette:
         syncer = asyncio.create_task(drain_engine_stats())
         yield
         syncer.cancel()
+        registry.live.close_all()
         engine.stop()
         parts["vad"].stop()
         transcriber.stop()

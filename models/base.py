@@ -61,6 +61,22 @@ class ThinkerToken:
     text: str
     conditioning: Any
     finished: bool
+    token_id: int | None = None
+    """The token itself, for models whose context a resume rebuilds (None: the model has none)."""
+    usage: dict[str, Any] | None = None
+    """With a reply's first token: what its context held (input and cached positions, what
+    truncation dropped); `reason` ends a reply that could not run."""
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplyTurn:
+    """A reply put back into the Thinker's context as it was heard (a resume on another node):
+    the assistant turn holds exactly `ids`, under the system turn that reply ran with."""
+
+    ids: tuple[int, ...]
+    instructions: str = ""
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,9 @@ class DuplexModel(ABC):
     """Thinker tokens that may wait for the Talker; 1 makes the two strictly alternate."""
     accepts_text: bool = False
     """Whether `thinker_prefill` takes `TextTurn` features (text items, tool outputs)."""
+    restores_context: bool = False
+    """Whether decode reports token ids and `thinker_prefill` takes `ReplyTurn`: a context that
+    can be rebuilt on another node after a resume."""
     voices: tuple[str, ...] = ()
     """The Talker's speakers, by the names its checkpoint gives them."""
     default_voice: str | None = None

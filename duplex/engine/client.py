@@ -27,7 +27,7 @@ from duplex.engine.lockstep import TickCost, admit_duplex
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
-from models.base import TextTurn
+from models.base import ReplyTurn, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -78,13 +78,14 @@ class ModelInfo:
     default_voice: str | None = None
     duplex_delay_frames: int | None = None
     """Native full duplex: the model's fixed delay in frames; None for turns only."""
+    restores_context: bool = False
 
     @classmethod
     def of(cls, model) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
                    model.input_chunk_samples, tuple(model.voices), model.default_voice,
-                   model.duplex_delay_frames)
+                   model.duplex_delay_frames, model.restores_context)
 
 
 @dataclass
@@ -93,6 +94,10 @@ class _Waiter:
 
     done: threading.Event = field(default_factory=threading.Event)
     reply: m.Reply | None = None
+
+
+def _nobody(event: m.SessionEvent) -> None:
+    """Where a parked session's events go."""
 
 
 class EngineClient(ABC):
@@ -170,6 +175,15 @@ class EngineClient(ABC):
             self._submit(m.PushText(session_id, TextTurn(text, role)))
         return True
 
+    def push_reply(self, session_id: str, turn: ReplyTurn) -> None:
+        """A reply as it was heard, back into the Thinker context (a rebuild after a resume).
+        The audio before it ends its turn as a commit would end it: the last chunk padded."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.restores_context:
+            return
+        self._flush(session_id, framer)
+        self._submit(m.PushText(session_id, turn))
+
     def instruct(self, session_id: str, instructions: str,
                  tools: tuple[dict[str, Any], ...]) -> None:
         if self._check_open(session_id):
@@ -182,12 +196,15 @@ class EngineClient(ABC):
         framer = self._framer(session_id)
         if framer is None:
             return
+        self._flush(session_id, framer)
+        self._submit(m.Commit(session_id, epoch, at, spec or ReplySpec()))
+
+    def _flush(self, session_id: str, framer: Framer) -> None:
         rest = framer.flush()
         if len(rest):
             if not self.model.accepts_partial_chunks:
                 rest = np.pad(rest, (0, self.model.input_chunk_samples - len(rest)))
             self._submit(m.PushAudio(session_id, rest))
-        self._submit(m.Commit(session_id, epoch, at, spec or ReplySpec()))
 
     def clear_input(self, session_id: str) -> None:
         framer = self._framer(session_id)
@@ -212,6 +229,21 @@ class EngineClient(ABC):
 
     def cancel(self, session_id: str, new_epoch: int) -> None:
         self._submit(m.CancelReply(session_id, new_epoch))
+
+    def park(self, session_id: str) -> None:
+        """Keep the session's state with nobody listening (its connection dropped); `adopt`
+        gives it a listener again, `close` releases it."""
+        with self._lock:
+            if session_id in self._callers:
+                self._callers[session_id] = _nobody
+
+    def adopt(self, session_id: str, deliver: Deliver) -> bool:
+        """Deliver a parked session's events to `deliver`; False if it is gone."""
+        with self._lock:
+            if self._gone is not None or self._callers.get(session_id) is not _nobody:
+                return False
+            self._callers[session_id] = deliver
+            return True
 
     def close(self, session_id: str) -> None:
         with self._lock:

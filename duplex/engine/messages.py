@@ -20,13 +20,14 @@ from duplex.engine.lockstep import DuplexDropped, DuplexOut, TickCost
 from duplex.engine.scheduler import (
     AudioOut,
     Drop,
+    ReplyTokens,
     ResponseFinished,
     ResponseTimings,
     SessionFailed,
     TextOut,
     ToolCallOut,
 )
-from models.base import TextTurn
+from models.base import ReplyTurn, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -55,7 +56,7 @@ class PushFrame:
 @dataclass(frozen=True, slots=True)
 class PushText:
     session_id: str
-    turn: TextTurn
+    turn: TextTurn | ReplyTurn
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ SESSION_REQUESTS = (PushAudio, PushFrame, PushText, Instruct, Commit, ClearInput
 # -- outputs ----------------------------------------------------------------------------------
 
 SessionEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
-                | SessionFailed | DuplexOut | DuplexDropped)
+                | SessionFailed | DuplexOut | DuplexDropped | ReplyTokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,10 @@ class Payload:
     final: bool = False
     text: str = ""
     enqueued_at: float = 0.0
+    ids: tuple[int, ...] = ()
+    """Reply tokens this payload voices (the model's context record of what was heard)."""
+    ids_start: int = 0
+    """The place of `ids[0]` among the reply's tokens."""
     shape: tuple[int, ...] = field(init=False)
     dtype: str = field(init=False)
     device: str = field(init=False)

@@ -114,7 +114,10 @@ class ResponseFinished:
     epoch: int
     n_samples: int
     reason: str = "completed"
-    """completed, or max_output_tokens when the reply was cut at its token limit."""
+    """completed, max_output_tokens when the reply was cut at its token limit, or
+    context_length_exceeded when its context was full and truncation disabled."""
+    usage: dict[str, Any] | None = None
+    """What the model reported of the reply's context, and `output_tokens`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,20 @@ class ToolCallOut:
     session_id: str
     epoch: int
     piece: Piece
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTokens:
+    """Consecutive token ids of the reply, the first its `start`-th token (unvoiced ones go out
+    at once, voiced ones with their audio, so they may arrive out of order); `media_start` is
+    where the audio voicing them starts in the reply (output samples), None for tokens never
+    voiced (text replies, tool calls)."""
+
+    session_id: str
+    epoch: int
+    ids: tuple[int, ...]
+    media_start: int | None
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +174,8 @@ class ResponseTimings:
     codec_first_audio_ms: float
 
 
-EngineEvent = AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+EngineEvent = (AudioOut | TextOut | ToolCallOut | ResponseFinished | ResponseTimings
+               | ReplyTokens)
 
 
 @dataclass
@@ -176,6 +194,11 @@ class Response:
     tokens: int = 0
     finish_reason: str = "completed"
     text: ThinkerText = field(default_factory=ThinkerText)
+    usage: dict[str, Any] | None = None
+    pending_ids: list[int] = field(default_factory=list)
+    """Token ids not yet on their way to the Talker (inside a tool call, or no frame yet)."""
+    ids_start: int = 0
+    """The place in the reply of `pending_ids[0]`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,8 +458,12 @@ class Scheduler:
     def _token(self, sq, e, result: ThinkerToken, now, version, out) -> None:
         """Speech goes on to the Talker (or out as text); tool calls go out apart, unvoiced."""
         r = sq.response
-        r.tokens += 1
+        r.tokens += 0 if result.reason is not None else 1
         finished = result.finished
+        if result.reason is not None:
+            r.finish_reason = result.reason
+        if result.usage is not None:
+            r.usage = result.usage
         if not finished and r.spec.max_output_tokens is not None \
                 and r.tokens >= r.spec.max_output_tokens:
             finished, r.finish_reason = True, "max_output_tokens"
@@ -447,33 +474,59 @@ class Scheduler:
         r.thinker_done = finished
         if r.first_token_at is None:
             r.first_token_at = now
+        if result.token_id is not None:
+            r.pending_ids.append(result.token_id)
+        if not r.spec.audio or (r.text.in_call and not speech):
+            self._unvoiced_ids(sq, r, out)
         if not r.spec.audio:
             if speech:
                 out.append(TextOut(sq.session_id, sq.epoch, speech))
             if finished:
-                out.append(ResponseFinished(sq.session_id, sq.epoch, 0, r.finish_reason))
+                out.append(ResponseFinished(sq.session_id, sq.epoch, 0, r.finish_reason,
+                                            _usage(r)))
                 sq.response = None
             return
         if speech or not r.text.in_call:
             token = ThinkerToken(speech, result.conditioning, finished)
             sq.queues[Kind.TOKENS].append(Payload(
                 sq.session_id, sq.epoch, Kind.TOKENS, token, r.out_seq, 0, 0, version,
-                final=finished, text=speech, enqueued_at=now))
+                final=finished, text=speech, enqueued_at=now, ids=tuple(r.pending_ids),
+                ids_start=r.ids_start))
+            r.ids_start += len(r.pending_ids)
+            r.pending_ids = []
+        if finished:
+            self._unvoiced_ids(sq, r, out)
+
+    @staticmethod
+    def _unvoiced_ids(sq: SessionQueues, r: Response, out: list) -> None:
+        if r.pending_ids:
+            out.append(ReplyTokens(sq.session_id, sq.epoch, tuple(r.pending_ids), None,
+                                   r.ids_start))
+            r.ids_start += len(r.pending_ids)
+            r.pending_ids = []
 
     def _codes(self, sq, e, result: TalkerFrame, now, version, out) -> None:
         r = sq.response
+        ids = e.payload.ids if e.payload is not None else ()
+        ids_start = e.payload.ids_start if e.payload is not None else 0
         if result.codes is not None:
             if r.first_codes_at is None:
                 r.first_codes_at = now
             sq.queues[Kind.CODES].append(Payload(
                 sq.session_id, sq.epoch, Kind.CODES, result.codes, r.out_seq, 0, 0, version,
                 final=result.finished, text=e.payload.text if e.payload is not None else "",
-                enqueued_at=now))
+                enqueued_at=now, ids=ids, ids_start=ids_start))
             r.out_seq += 1
+        elif ids:
+            # No frame voices them: they count as heard with the reply's end.
+            out.append(ReplyTokens(sq.session_id, sq.epoch, ids, r.emitted_samples, ids_start))
         r.talker_done = result.finished
 
     def _audio(self, sq, e, result, now, version, out) -> None:
         r = sq.response
+        if e.payload.ids:
+            out.append(ReplyTokens(sq.session_id, sq.epoch, e.payload.ids, r.emitted_samples,
+                                   e.payload.ids_start))
         if len(result):
             if r.first_audio_at is None:
                 r.first_audio_at = now
@@ -487,8 +540,12 @@ class Scheduler:
         r = sq.response
         if r is not None and r.talker_done and not sq.queues[Kind.CODES]:
             out.append(ResponseFinished(sq.session_id, sq.epoch, r.emitted_samples,
-                                        r.finish_reason))
+                                        r.finish_reason, _usage(r)))
             sq.response = None
+
+
+def _usage(r: Response) -> dict[str, Any] | None:
+    return None if r.usage is None else {**r.usage, "output_tokens": r.tokens}
 
 
 _APPLY_RESULT = {

@@ -43,6 +43,9 @@ class SessionRecord:
     conversation: list[dict[str, Any]] = field(default_factory=list)
     """Items as heard: user items, and assistant transcripts cut at the playback watermark."""
     config: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, Any] | None = field(default_factory=dict)
+    """The model's context as heard (`duplex.store.context`), for a rebuild on another node;
+    None in a save: the stored one is still current (it is the bulk of a record)."""
     expired: bool = False
     """A tombstone: the session is past its deadline and its conversation is gone."""
 
@@ -79,10 +82,11 @@ class Fenced(StoreError):
 
 
 class SessionStore(Protocol):
-    async def save(self, record: SessionRecord) -> None:
+    async def save(self, record: SessionRecord) -> bool:
         """Create or update `record` unless a newer epoch (or another owner at the same epoch)
         holds it (raises Fenced). A missing record is written again: that is how an owner
-        reconciles a registry that lost its data."""
+        reconciles a registry that lost its data. True when the record was missing (a save
+        that left out the context must send it again)."""
 
     async def load(self, session_id: str) -> SessionRecord | None: ...
 

@@ -27,19 +27,24 @@ class MemoryStore:
                 del self._sessions[sid]
             elif now >= rec.deadline and not rec.expired:
                 rec.expired = True
-                rec.conversation, rec.config = [], {}
+                rec.conversation, rec.config, rec.context = [], {}, {}
         for h, key in list(self._keys.items()):
             if now >= key.expires_at:
                 del self._keys[h]
 
-    async def save(self, record: SessionRecord) -> None:
+    async def save(self, record: SessionRecord) -> bool:
         self._expire()
         cur = self._sessions.get(record.id)
         if cur is not None and not cur.expired and (
             cur.epoch > record.epoch or (cur.epoch == record.epoch and cur.owner != record.owner)
         ):
             raise Fenced(record.id, cur.epoch, cur.owner)
-        self._sessions[record.id] = copy.deepcopy(record)
+        record = copy.deepcopy(record)
+        fresh = cur is None or cur.expired
+        if record.context is None:
+            record.context = {} if fresh else cur.context
+        self._sessions[record.id] = record
+        return fresh
 
     async def load(self, session_id: str) -> SessionRecord | None:
         self._expire()

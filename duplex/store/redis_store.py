@@ -26,7 +26,8 @@ from duplex.store.base import (
 )
 
 # KEYS: session, tombstone. ARGV: owner, epoch, secret_hash, conversation, config, deadline,
-# created_at, session expiry (ms), tombstone (json), tombstone expiry (ms).
+# created_at, session expiry (ms), tombstone (json), tombstone expiry (ms), context ('': the
+# stored one is still current).
 _SAVE = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'owner')
 if cur[1] then
@@ -38,9 +39,11 @@ if cur[1] then
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ARGV[2], 'secret_hash', ARGV[3],
            'conversation', ARGV[4], 'config', ARGV[5], 'deadline', ARGV[6], 'created_at', ARGV[7])
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'context', ARGV[11]) end
 redis.call('PEXPIREAT', KEYS[1], ARGV[8])
 redis.call('SET', KEYS[2], ARGV[9], 'PXAT', ARGV[10])
-return {1}
+if cur[1] then return {1} end
+return {2}
 """
 
 # KEYS: session, tombstone. ARGV: node, expected epoch, deadline, session expiry (ms),
@@ -81,16 +84,18 @@ class RedisStore:
         return [json.dumps({"secret_hash": secret_hash, "deadline": deadline}),
                 int((deadline + self.tombstone_s) * 1000)]
 
-    async def save(self, record: SessionRecord) -> None:
+    async def save(self, record: SessionRecord) -> bool:
         args = [record.owner, record.epoch, record.secret_hash, json.dumps(record.conversation),
                 json.dumps(record.config), repr(record.deadline), repr(record.created_at),
-                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline)]
+                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline),
+                "" if record.context is None else json.dumps(record.context)]
         try:
             result = await self._save(keys=self._keys(record.id), args=args)
         except _ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
         if result[0] == 0:
             raise Fenced(record.id, int(result[1]), result[2])
+        return result[0] == 2
 
     async def load(self, session_id: str) -> SessionRecord | None:
         skey, tkey = self._keys(session_id)
@@ -105,6 +110,7 @@ class RedisStore:
                 secret_hash=data["secret_hash"], deadline=float(data["deadline"]),
                 created_at=float(data["created_at"]),
                 conversation=json.loads(data["conversation"]), config=json.loads(data["config"]),
+                context=json.loads(data.get("context", "{}")),
             )
         if tomb:
             # The hash may outlive its deadline by Redis's expiry granularity; the tombstone

@@ -20,6 +20,7 @@ from duplex.store.base import (
     new_secret,
     secret_matches,
 )
+from duplex.store.live import LiveStates
 
 
 class ResumeError(Exception):
@@ -42,11 +43,16 @@ class Lease:
 
 class SessionRegistry:
     def __init__(self, store: SessionStore, node_id: str, retention_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 context_max_bytes: int = 8 << 20, keep_live_s: float = 0.0) -> None:
         self.store = store
         self.node_id = node_id
         self.retention_s = retention_s
         self.clock = clock
+        self.context_max_bytes = context_max_bytes
+        """Cap on one session's saved model context (`duplex.store.context`)."""
+        self.live = LiveStates(keep_live_s)
+        """Engine states of dropped connections, kept for a resume on this node."""
 
     def new_lease(self, session_id: str) -> tuple[Lease, str]:
         """A lease for a new session and its resume token (only the token's hash is kept)."""
@@ -54,12 +60,15 @@ class SessionRegistry:
         return Lease(session_id, 1, hash_secret(token), self.clock()), token
 
     async def save(self, lease: Lease, conversation: list[dict[str, Any]],
-                   config: dict[str, Any]) -> None:
-        """Write the session under the lease's epoch; raises Fenced or StoreUnavailable."""
-        await self.store.save(SessionRecord(
+                   config: dict[str, Any], context: dict[str, Any] | None = None) -> bool:
+        """Write the session under the lease's epoch; raises Fenced or StoreUnavailable.
+        `context` None leaves the stored model context as it is; True when the record was
+        missing and so has none."""
+        return await self.store.save(SessionRecord(
             id=lease.session_id, owner=self.node_id, epoch=lease.epoch,
             secret_hash=lease.secret_hash, deadline=self.clock() + self.retention_s,
             created_at=lease.created_at, conversation=conversation, config=config,
+            context=context,
         ))
 
     async def forget(self, lease: Lease) -> None:

@@ -72,6 +72,9 @@ class SessionLoop:
         self.vad = vad
         self.send_text = send_text
         self.session_id = session_id
+        self.engine_id = session_id
+        """The engine session this loop drives: its own, or (a Realtime resume on the node
+        that kept the session's live state) the one it took over."""
         self.protocol = protocol
         self.inbox = Inbox()
         self.loop = asyncio.get_running_loop()
@@ -94,7 +97,11 @@ class SessionLoop:
 
     def open(self) -> None:
         """Admit the session into the engine; raises AdmissionRefused when over a limit."""
-        self.engine.open(self.session_id, lambda event: self.post(EngineOutput(event)))
+        self.engine.open(self.engine_id, self.deliver)
+
+    def deliver(self, event) -> None:
+        """An engine event for this session, from the engine's thread."""
+        self.post(EngineOutput(event))
 
     def feed_text(self, text: str) -> None:
         self.inbox.put(PeerText(text))
@@ -117,9 +124,12 @@ class SessionLoop:
         finally:
             ticker.cancel()
             try:
-                self.engine.close(self.session_id)
+                self.release_engine()
             finally:
                 await self.ended()
+
+    def release_engine(self) -> None:
+        self.engine.close(self.engine_id)
 
     async def started(self) -> bool:
         """Before the first frame; True ends the session at once."""
@@ -157,7 +167,7 @@ class SessionLoop:
 
     async def execute(self, effects) -> bool:
         """Carry out effects in order; True when the session must end."""
-        sid = self.session_id
+        sid = self.engine_id
         for effect in effects:
             if isinstance(effect, Send):
                 if not await self._send(effect.event):

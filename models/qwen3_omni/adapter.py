@@ -72,6 +72,7 @@ class Qwen3OmniAdapter(DuplexModel):
     name = "qwen3-omni"
     supports_video = True
     accepts_text = True
+    restores_context = True
     input_rate = 16000
     output_rate = OUTPUT_RATE
 
@@ -240,6 +241,7 @@ class Qwen3OmniAdapter(DuplexModel):
         if sess.voice not in self.voices:
             raise ValueError(f"unknown voice {spec.voice!r}; have {', '.join(self.voices)}")
         sess.temperature = spec.temperature
+        sess.truncation = spec.truncation
         # The chat template has no tool choice; a model never told of the tools calls none.
         tools = () if spec.tool_choice == "none" else spec.tools
         self._thinker.begin(sess, spec.instructions, tools)

@@ -17,6 +17,7 @@ from models.kv import SlotKV, tensor_bytes
 from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
 from models.qwen3_omni.options import Stream
+from models.reply import Truncation
 
 OTHER, USER, PREFIX = 0, 1, 2
 """Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
@@ -61,6 +62,15 @@ class Session:
     voice: str = ""
     temperature: float | None = None
     """This reply's; None for the adapter's own Thinker sampling."""
+    truncation: Truncation = field(default_factory=Truncation)
+    """The session's policy when the context fills (set with each reply)."""
+    dropped: int = 0
+    """Positions truncation dropped since the last reply's usage was reported (the next
+    reply's usage reports them)."""
+    full: bool = False
+    """Truncation is disabled and input did not fit: the reply ends without a token."""
+    cached: int = 0
+    """Positions already in the KV when the current reply began."""
     next_pos: int = 0
     turn: str | None = None
     audio_open: bool = False

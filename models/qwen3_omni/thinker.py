@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from models.base import TextTurn, ThinkerToken
+from models.base import ReplyTurn, TextTurn, ThinkerToken
 from models.kv import SlotKV
 from models.prefix_cache import PrefixCache
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
@@ -139,12 +139,17 @@ class Thinker:
 
     def prefill(self, sessions: list[Session], features: list[Any]) -> None:
         for feat in features:
-            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, type(None))):
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn,
+                                     type(None))):
                 raise TypeError(f"cannot prefill {type(feat).__name__}")
         ids = self.ids
         rows = []
         for sess, feat in zip(sessions, features, strict=True):
             if feat is None:
+                continue
+            if isinstance(feat, ReplyTurn):
+                self.restore_reply(sess, feat)
+                rows.append(sess)
                 continue
             self.open_user(sess)
             if isinstance(feat, AudioFeatures):
@@ -161,6 +166,7 @@ class Thinker:
                 else:
                     self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
+        rows = [sess for sess in rows if self._fits(sess)]
         if rows:
             self.forward(rows)
 
@@ -182,6 +188,47 @@ class Thinker:
         sess.responding, sess.thinker_done = True, False
         sess.token_ids, sess.prefix_offset, sess.read_offset = [], 0, 0
         sess.talker_done = False
+        if sess.truncation.type != "disabled":
+            sess.full = False
+        sess.cached = self.kv.length[sess.thinker_slot] if sess.thinker_slot is not None else 0
+
+    def restore_reply(self, sess: Session, turn: ReplyTurn) -> None:
+        """Lay a heard reply into the context as `begin` and `decode` laid it when it was
+        generated: its prefix, every token but the last (the next turn's `close_reply` ends
+        the turn with it, as it does after a live reply)."""
+        self.begin(sess, turn.instructions, turn.tools)
+        sess.responding, sess.thinker_done = False, True
+        if len(turn.ids) > 1:
+            self.push_text(sess, list(turn.ids[:-1]), OTHER)
+        sess.last_token = turn.ids[-1] if turn.ids else None
+
+    def _limit(self, sess: Session) -> int:
+        post = sess.truncation.post_instructions
+        limit = self.options.max_context
+        return limit if post is None else min(limit, sess.keep + post)
+
+    def _fits(self, sess: Session) -> bool:
+        """Make room for the session's pending positions as its truncation policy says; False
+        when it says not to (`disabled`): the pending input is refused."""
+        self._open_slot(sess)
+        n = sum(p.embeds.shape[0] for p in sess.pending)
+        length, limit, keep = self.kv.length[sess.thinker_slot], self._limit(sess), sess.keep
+        if length + n <= limit:
+            return True
+        policy = sess.truncation
+        if policy.type == "disabled":
+            sess.pending, sess.full = [], True
+            return False
+        if n > limit - keep:
+            raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - keep} evictable")
+        if policy.type == "retention_ratio":
+            target = math.floor(policy.ratio * (limit - keep))
+        else:
+            target = limit - keep - limit // 4
+        drop = min(max(length + n - limit, length - keep - target), length - keep)
+        self.kv.evict(sess.thinker_slot, keep, drop)
+        sess.dropped += drop
+        return True
 
     def forward(self, sessions: list[Session]) -> torch.Tensor:
         """Every session's pending pieces forwarded -> each row's last hidden state.
@@ -191,7 +238,7 @@ class Thinker:
         copy it from the cache for the second instead of computing it again."""
         later, computing = [], set()
         for sess in sessions:
-            if sess.thinker_slot is None and sess.head and self.prefix_cache.enabled:
+            if sess.head and sess.prefix is None and self.prefix_cache.enabled:
                 prefix = (self.version, sess.head)
                 if prefix in computing:
                     later.append(sess)
@@ -207,21 +254,10 @@ class Thinker:
 
     def _forward(self, sessions: list[Session]) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
-        opts = self.options
-        heads = [sess for sess in sessions if sess.thinker_slot is None and self._open_slot(sess)]
+        heads = [sess for sess in sessions if self._open_head(sess)]
         pieces = [sess.pending for sess in sessions]
         new = [sum(p.embeds.shape[0] for p in row) for row in pieces]
         self.positions += sum(new)
-        for sess, n in zip(sessions, new, strict=True):
-            length = self.kv.length[sess.thinker_slot]
-            if length + n > opts.max_context:
-                room = opts.max_context - sess.keep
-                if n > room:
-                    raise ContextTooLong(f"{sess.sid}: {n} new positions, {room} evictable")
-                drop = min(
-                    max(length + n - opts.max_context, opts.max_context // 4), length - sess.keep
-                )
-                self.kv.evict(sess.thinker_slot, sess.keep, drop)
         q, batch = max(new), len(sessions)
         embeds = torch.nn.utils.rnn.pad_sequence(
             [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
@@ -272,11 +308,15 @@ class Thinker:
         last = torch.tensor(new, device=self.device) - 1
         return out.last_hidden_state[torch.arange(batch, device=self.device), last]
 
-    def _open_slot(self, sess: Session) -> bool:
-        """Give a session its KV slot; True when its head is still to be computed (and then
-        kept in the prefix cache), False when there is none or the cache held it."""
-        sess.thinker_slot = self.kv.acquire(sess.sid)
-        if not sess.head:
+    def _open_slot(self, sess: Session) -> None:
+        if sess.thinker_slot is None:
+            sess.thinker_slot = self.kv.acquire(sess.sid)
+
+    def _open_head(self, sess: Session) -> bool:
+        """True when the session's head is still to be computed (and then kept in the prefix
+        cache); a head the cache holds is copied into the session's slot instead."""
+        self._open_slot(sess)
+        if not sess.head or sess.prefix is not None:
             return False
         prefix = (self.version, sess.head)
         cached = self.prefix_cache.take(prefix)
@@ -299,6 +339,12 @@ class Thinker:
                 embeds = embed(ids)
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
+            for sess in [s for s in active if s.full or not self._fits(s)]:
+                sess.thinker_done = True
+                results[id(sess)] = ThinkerToken("", None, True, reason="context_length_exceeded")
+            active = [s for s in active if id(s) not in results]
+        if active:
+            embed = self.module.get_input_embeddings()
             last = self.forward(active)
             logits = self.module.lm_head(last).float()
             logits[:, self.suppress] = -math.inf
@@ -316,8 +362,14 @@ class Thinker:
                 is_eos = tok in self.ids["eos"]
                 sess.token_ids.append(tok)
                 sess.thinker_done = is_eos or len(sess.token_ids) >= opts.max_text_tokens
+                usage = None
+                if len(sess.token_ids) == 1:
+                    usage = {"input_tokens": self.kv.length[sess.thinker_slot],
+                             "cached_tokens": sess.cached, "truncated_tokens": sess.dropped,
+                             "truncation": sess.truncation.type}
+                    sess.dropped = 0
                 results[id(sess)] = ThinkerToken(
-                    self._detokenize(sess), conditioning[b], sess.thinker_done
+                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok, usage
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -92,6 +93,18 @@ async def test_a_missing_record_is_written_again_by_its_owner(store):
         await store.claim("sess_1", "b", 3, time.time() + 30)
     await store.save(record(epoch=3))
     assert (await store.load("sess_1")).epoch == 3
+
+
+async def test_a_save_without_the_context_keeps_the_stored_one_and_says_when_there_is_none(store):
+    context = {"rate": 16000, "head": None, "entries": [{"text": "hi", "role": "user"}]}
+    assert await store.save(replace(record(), context=context)) is True
+    assert await store.save(replace(record(conversation=[{"id": "item_2"}]), context=None)) is False
+    loaded = await store.load("sess_1")
+    assert (loaded.conversation, loaded.context) == ([{"id": "item_2"}], context)
+    # A registry that lost the record: the save that leaves the context out is told so.
+    await store.delete("sess_1")
+    assert await store.save(replace(record(), context=None)) is True
+    assert (await store.load("sess_1")).context == {}
 
 
 async def test_expiry_keeps_a_tombstone_then_releases_everything(store):

@@ -34,6 +34,8 @@ class ActiveResponse:
     item: Item
     settings: ResponseSettings
     engine_done: bool = False
+    usage: dict[str, Any] | None = None
+    """What the engine reported of the reply's context (`ResponseFinished.usage`)."""
     finish_reason: str = "completed"
     audio_started: bool = False
     transcript: list[str] = field(default_factory=list)
@@ -76,7 +78,7 @@ class EventWriter:
             "conversation_id": None if rs.conversation == "none" else conversation_id,
             "max_output_tokens": rs.max_output_tokens,
             "metadata": rs.metadata,
-            "usage": None,
+            "usage": usage_wire(r.usage) if status != "in_progress" else None,
         }
         if self.beta:
             wire.update(modalities=list(rs.output_modalities), voice=rs.voice,
@@ -87,3 +89,18 @@ class EventWriter:
                         audio={"output": {"format": format_wire(rs.output_format),
                                           "voice": rs.voice}})
         return wire
+
+
+def usage_wire(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's usage object, with duplex's `truncation` (the session's policy and how many
+    context tokens it dropped while this reply's input came in) as an extension field."""
+    if usage is None:
+        return None
+    inp, out = usage["input_tokens"], usage["output_tokens"]
+    return {
+        "total_tokens": inp + out, "input_tokens": inp, "output_tokens": out,
+        "input_token_details": {"cached_tokens": usage["cached_tokens"]},
+        "output_token_details": {"text_tokens": out},
+        "truncation": {"type": usage["truncation"],
+                       "truncated_tokens": usage["truncated_tokens"]},
+    }

@@ -319,19 +319,34 @@ class RealtimeProtocol:
         out.append(ResumeSession(event.session_id, event.resume_token))
 
     def resumed(self, session_id: str, conversation: list[dict[str, Any]],
-                config: dict[str, Any]) -> list[Effect]:
+                config: dict[str, Any], context: dict[str, Any] | None = None) -> list[Effect]:
         """The edge claimed `session_id`: continue its conversation on this connection.
-        Nothing is replayed: items come back as they were heard and no audio is resent."""
+        Nothing is replayed: items come back as they were heard and no audio is resent.
+
+        `context` says how much of the model's context the edge put back (the extension field
+        `rebuilt_context`); the engine then holds the system turn that context opened with,
+        and the session's instructions reach it with the next reply, as they did before."""
         self.session_id = session_id
         self.core.id = session_id
         self.replies.conversation_id = _conversation_id(session_id)
         self.conversation.replace_all([Item.from_record(i) for i in conversation])
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
-        self._emit(out, "session.resumed", session=self._session_with_token())
-        self._instruct(out)
+        fields: dict[str, Any] = {"session": self._session_with_token()}
+        if context is not None:
+            fields["rebuilt_context"] = context
+        self._emit(out, "session.resumed", **fields)
+        if context is not None and context["items"]:
+            self._told_instructions = (self.settings.instructions, self.settings.tools)
+        else:
+            self._instruct(out)
         self._sync_duplex(out)
         return out
+
+    def continue_epoch(self, epoch: int) -> None:
+        """This connection took over the engine session a dropped one left at `epoch` (a
+        resume on the node that kept it): replies go on from that epoch."""
+        self.core.epoch = epoch
 
     def configure(self, session: dict[str, Any]) -> None:
         """Apply GA session settings without an event (an ephemeral key's, before
@@ -370,6 +385,18 @@ class RealtimeProtocol:
                 record["transcript"] = transcript
             items.append(record)
         return items, self.settings.record()
+
+    def heard(self, core_id: int, now: int) -> int | None:
+        """Samples of reply `core_id` heard at clock sample `now`; None when all of it was."""
+        if core_id >= len(self.core.responses):
+            return None
+        resp = self.core.responses[core_id]
+        if resp.heard_samples is not None:
+            return resp.heard_samples
+        played = self.pacer.played(now) - resp.start_sample
+        if not resp.generating and played >= resp.sent_samples:
+            return None
+        return max(0, played)
 
     def _heard_transcript(self, item: Item, played: int) -> str | None:
         if item.response_id is None or item.response_id >= len(self.core.responses):
@@ -813,8 +840,9 @@ class RealtimeProtocol:
         self.duplex_dropped[reason] = self.duplex_dropped.get(reason, 0) + n_samples
         return []
 
-    def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
-        self.replies.on_finished(epoch, reason)
+    def on_engine_finished(self, epoch: int, reason: str = "completed",
+                           usage: dict[str, Any] | None = None) -> list[Effect]:
+        self.replies.on_finished(epoch, reason, usage)
         return []
 
     def on_engine_text(self, epoch: int, text: str) -> list[Effect]:

@@ -114,9 +114,10 @@ class Replies:
             return
         self._produced(epoch, self.clock.reply_audio(pcm), text)
 
-    def on_finished(self, epoch: int, reason: str) -> None:
+    def on_finished(self, epoch: int, reason: str, usage: dict | None = None) -> None:
         r = self.active
         if r is not None and epoch == r.epoch:
+            r.usage = usage
             tail = self.clock.reply_tail()
             if len(tail):
                 self._produced(epoch, tail, "")
@@ -244,6 +245,12 @@ class Replies:
             emit(out, "conversation.item.done", item=r.item.as_wire())
         if r.finish_reason == "completed":
             emit(out, "response.done", response=self._wire("completed"))
+        elif r.finish_reason == "context_length_exceeded":
+            emit(out, "response.done", response=self._wire("failed", {
+                "type": "failed", "reason": None,
+                "error": {"type": "invalid_request_error", "code": "context_length_exceeded",
+                          "message": "The conversation exceeds the model's context and "
+                                     "truncation is disabled."}}))
         else:
             emit(out, "response.done", response=self._wire(
                 "incomplete", {"type": "incomplete", "reason": r.finish_reason, "error": None}))

@@ -15,12 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from duplex.access.limits import Quota
 from duplex.engine.client import EngineClient
-from duplex.engine.scheduler import ResponseTimings
+from duplex.engine.scheduler import ReplyTokens, ResponseFinished, ResponseTimings
 from duplex.media.image import decode_image
 from duplex.observability.logs import bind_session
 from duplex.observability.metrics import Metrics
 from duplex.store import ResumeError, SessionRegistry
+from duplex.store.context import (
+    AudioSpan,
+    ContextRecord,
+    Rebuilt,
+    ReplySpan,
+    TextSpan,
+    from_pcm16,
+    quantize,
+)
 from duplex.store.keeper import SessionKeeper
+from duplex.store.live import Parked
 from duplex.transcription.service import (
     RECOGNITION_FAILED,
     TranscriptionError,
@@ -28,8 +38,12 @@ from duplex.transcription.service import (
 )
 from duplex.transport.effects import (
     EngineClearInput,
+    EngineCommit,
+    EngineInstruct,
+    EnginePush,
     EnginePushFrame,
     EnginePushImage,
+    EnginePushText,
     FlushAudio,
     InvalidToolCall,
     PlayAudio,
@@ -54,6 +68,7 @@ from duplex.transport.realtime.protocol import (
     Transcribe,
 )
 from duplex.transport.realtime.session_config import Voices
+from models.base import ReplyTurn
 
 if TYPE_CHECKING:
     from duplex.engine.vad import VadService
@@ -116,11 +131,26 @@ class RealtimeSession(SessionLoop):
         self._response_started: float | None = None
         self._onset: int | None = None
         self.keeper = None
+        self.context: ContextRecord | None = None
+        """The model's context as heard, kept for a rebuild on another node (models that
+        can restore one, with a registry)."""
         if registry is not None:
-            self.keeper = SessionKeeper(
-                registry, lease, lambda: self.protocol.snapshot(self.now_sample()),
-                lambda: self.inbox.put(Fenced()), heartbeat_s,
-            )
+            self.keeper = SessionKeeper(registry, lease, self._snapshot,
+                                        lambda: self.inbox.put(Fenced()), heartbeat_s)
+            if engine.model.restores_context:
+                self.context = self._new_context()
+
+    def _new_context(self, saved: dict | None = None) -> ContextRecord:
+        m = self.engine.model
+        args = (m.input_rate, m.output_rate, RATE, self.keeper.registry.context_max_bytes)
+        return ContextRecord.from_record(saved, *args) if saved else ContextRecord(*args)
+
+    def _snapshot(self) -> tuple[list, dict, dict]:
+        now = self.now_sample()
+        items, config = self.protocol.snapshot(now)
+        context = {} if self.context is None else self.context.to_record(
+            lambda core_id: self.protocol.heard(core_id, now))
+        return items, config, context
 
     def feed_audio(self, pcm) -> None:
         """Float32 mono at 24 kHz from a media track."""
@@ -136,6 +166,21 @@ class RealtimeSession(SessionLoop):
         if self.keeper is not None:
             await self.keeper.start()
         return await self.execute(self.protocol.start())
+
+    def release_engine(self) -> None:
+        """A connection that dropped (nobody closed the session on purpose) leaves its engine
+        state on this node a while, for a resume here to take over."""
+        live = self.keeper.registry.live if self.keeper is not None else None
+        if live is None or not live.keep_s or self.close_code is not None or self.keeper.fenced:
+            super().release_engine()
+            return
+        engine, engine_id = self.engine, self.engine_id
+        # The reply that was playing ends here; the new connection starts past its epoch.
+        epoch = self.protocol.core.epoch + 1
+        engine.cancel(engine_id, epoch)
+        engine.park(engine_id)
+        live.park(self.protocol.session_id, Parked(engine_id, self.keeper.lease.epoch, epoch,
+                                                   lambda: engine.close(engine_id)))
 
     async def ended(self) -> None:
         if self.keeper is not None:
@@ -162,8 +207,37 @@ class RealtimeSession(SessionLoop):
                                      "(limits.max_session_s).", 1008, "session duration limit")
         return super().dispatch(message)
 
+    async def execute(self, effects) -> bool:
+        if self.context is not None:
+            effects = [self._record(e) for e in effects]
+        return await super().execute(effects)
+
+    def _record(self, effect):
+        """Keep what reaches the model's context; audio onto the 16-bit grid first, so the
+        model hears exactly what is kept."""
+        c = self.context
+        if isinstance(effect, EnginePush):
+            effect = EnginePush(quantize(effect.pcm))
+            c.audio(effect.pcm)
+        elif isinstance(effect, EnginePushText):
+            c.text(effect.text, effect.role)
+        elif isinstance(effect, EngineInstruct):
+            c.instruct(effect.instructions, effect.tools)
+        elif isinstance(effect, EngineCommit) and self.protocol.response is not None:
+            c.reply(self.protocol.response.core_id, effect.epoch, effect.spec.instructions,
+                    effect.spec.tools)
+        elif isinstance(effect, EngineClearInput):
+            c.clear_input()
+        return effect
+
     def _engine_output(self, message: EngineOutput) -> list:
         t = message.event
+        if isinstance(t, ReplyTokens):
+            if self.context is not None:
+                self.context.tokens(t.epoch, t.ids, t.media_start, t.start)
+            return []
+        if isinstance(t, ResponseFinished):
+            return self.protocol.on_engine_finished(t.epoch, t.reason, t.usage)
         if isinstance(t, ResponseTimings):
             return self.protocol.on_engine_timings({
                 "input": t.input_ms,
@@ -192,7 +266,7 @@ class RealtimeSession(SessionLoop):
             return await self.execute(
                 self.protocol.refuse("invalid_image", str(exc), "item.content.0.image_url")
             )
-        self.engine.push_frame(self.session_id, rgb)
+        self.engine.push_frame(self.engine_id, rgb)
         return False
 
     def sent(self, event: dict) -> None:
@@ -202,7 +276,7 @@ class RealtimeSession(SessionLoop):
             self.keeper.touch()
 
     async def carry_out(self, effect) -> bool:
-        sid = self.session_id
+        sid = self.engine_id
         if isinstance(effect, EngineClearInput):
             self.engine.clear_input(sid)
         elif isinstance(effect, EnginePushFrame):
@@ -269,9 +343,37 @@ class RealtimeSession(SessionLoop):
         await self.keeper.switch(lease)
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
-        log.info("session %s resumed at epoch %d (connection %s)", record.id, lease.epoch,
-                 self.session_id)
-        return self.protocol.resumed(record.id, record.conversation, record.config)
+        rebuilt = None
+        parked = self.keeper.registry.live.take(record.id, lease.epoch)
+        if parked is not None and self.engine.adopt(parked.engine_id, self.deliver):
+            self.engine.close(self.engine_id)
+            self.engine_id = parked.engine_id
+            self.protocol.continue_epoch(parked.reply_epoch)
+            context = self._new_context(record.context) if self.context is not None else None
+            self.context = context
+            rebuilt = (context.summary(kept_live=True) if context is not None
+                       else Rebuilt(0, 0.0, 0, kept_live=True)).wire()
+        elif self.context is not None:
+            self.context = self._new_context(record.context)
+            rebuilt = self._rebuild(self.context).wire()
+        log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
+                 record.id, lease.epoch, self.session_id, rebuilt)
+        return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt)
+
+    def _rebuild(self, context: ContextRecord):
+        """Hand the engine the saved context through its ordinary calls: the audio is encoded
+        and everything prefilled in the batched stages, in order, ahead of any later reply."""
+        sid, engine = self.session_id, self.engine
+        if context.head is not None and context.spans:
+            engine.instruct(sid, *context.head)
+        for span in context.spans:
+            if isinstance(span, AudioSpan):
+                engine.push_audio(sid, from_pcm16(span.pcm()))
+            elif isinstance(span, TextSpan):
+                engine.push_text(sid, span.text, span.role)
+            elif isinstance(span, ReplySpan) and (ids := span.heard_ids(None, 1.0)):
+                engine.push_reply(sid, ReplyTurn(tuple(ids), span.instructions, span.tools))
+        return context.summary()
 
 
 _MESSAGES: dict[type, Callable[[RealtimeSession, Any], list]] = {

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime import schema
-from models.reply import ReplySpec
+from models.reply import ReplySpec, Truncation
 
 BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FLAT_FORMATS = {v: k for k, v in BETA_FORMATS.items()}
@@ -272,6 +272,8 @@ class ResponseSettings:
     conversation: str = "auto"
     """"none": an out-of-band reply whose output does not join the conversation."""
     metadata: dict[str, str] | None = None
+    truncation: str | dict[str, Any] = "auto"
+    """The session's: what the Thinker does when its context fills."""
 
     @property
     def audio(self) -> bool:
@@ -284,6 +286,7 @@ class ResponseSettings:
             max_output_tokens=None if self.max_output_tokens == "inf" else self.max_output_tokens,
             instructions=self.instructions, voice=self.voice, temperature=self.temperature,
             tools=self.tools, tool_choice=self.tool_choice,
+            truncation=Truncation.of(self.truncation),
         )
 
 
@@ -294,6 +297,7 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
         output_modalities=s.output_modalities, output_format=s.output_format, voice=s.voice,
         instructions=s.instructions, tools=s.tools, tool_choice=s.tool_choice,
         temperature=s.temperature, max_output_tokens=s.max_output_tokens,
+        truncation=s.truncation,
     )
     if not params:
         return base

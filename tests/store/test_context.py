@@ -1,0 +1,165 @@
+"""The model-context record: replies kept as heard (the playback watermark, a barge-in), user
+audio kept losslessly on the grid the model hears, the byte cap's policy."""
+
+import base64
+import json
+
+import numpy as np
+
+from duplex.store.context import ContextRecord, decode_flac, encode_flac, from_pcm16, quantize
+from duplex.transport.realtime.protocol import RealtimeProtocol
+
+RATE = 24000
+FRAME = 1920
+
+
+def protocol():
+    p = RealtimeProtocol("sess_1", model="tiny", model_input_rate=16000, model_output_rate=RATE)
+    p.start()
+    p.receive_text(json.dumps({"type": "session.update", "session": {
+        "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+    return p
+
+
+def generate(p, record, frames, first_id=100, place=0):
+    """A reply whose engine has generated `frames` frames, one token each (the first the
+    reply's `place`-th), none played yet."""
+    audio = np.zeros(RATE // 5, "<i2").tobytes()
+    p.receive_text(json.dumps({"type": "input_audio_buffer.append",
+                               "audio": base64.b64encode(audio).decode()}))
+    p.receive_text('{"type": "response.create"}')
+    r = p.response
+    record.reply(r.core_id, r.epoch, "be brief", ())
+    for i in range(frames):
+        record.tokens(r.epoch, (first_id + i,), i * FRAME, place + i)
+        p.on_engine_audio(r.epoch, np.zeros(FRAME, np.float32), f"w{i} ")
+    return r.epoch
+
+
+def play(p, seconds):
+    now = int(seconds * RATE)
+    for t in range(0, now + 1, 480):
+        p.release_output(t)
+    return now
+
+
+def saved_reply(record, p, now):
+    data = record.to_record(lambda core_id: p.heard(core_id, now))
+    return [e["reply"] for e in data["entries"] if "reply" in e]
+
+
+def test_generated_but_unheard_tokens_stay_out_of_the_saved_context():
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    generate(p, record, frames=25)
+    now = play(p, 0.5)
+    # 0.5 s played of 80 ms frames: frames 0..6 had started; the other 18 were generated only.
+    [reply] = saved_reply(record, p, now)
+    assert reply == list(range(100, 107))
+    assert len(p.snapshot(now)[0][-1]["transcript"].split()) == len(reply)
+
+
+def test_a_barge_in_fixes_what_was_heard_and_later_tokens_do_not_join():
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    epoch = generate(p, record, frames=10)
+    now = play(p, 0.3)
+    p.receive_text('{"type": "output_audio_buffer.clear"}')
+    # Tokens the engine still had on their way when the reply was cut.
+    record.tokens(epoch, (999,), 10 * FRAME, 10)
+    [reply] = saved_reply(record, p, now + RATE)
+    assert reply == list(range(100, 104))
+
+
+def test_a_reply_heard_in_full_is_kept_whole_and_survives_a_save_and_load():
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    record.instruct("be brief", ())
+    pcm = quantize(np.random.default_rng(1).uniform(-0.4, 0.4, 16000).astype(np.float32))
+    record.audio(pcm)
+    generate(p, record, frames=5)
+    record.tokens(p.response.epoch, (7, 8), None, 5)  # a tool call's tokens, never voiced
+    p.on_engine_finished(p.response.epoch)
+    now = play(p, 2.0)
+    record.text("the tool said 3", "tool")
+    data = record.to_record(lambda core_id: p.heard(core_id, now))
+    assert data["entries"][1]["reply"] == [100, 101, 102, 103, 104, 7, 8]
+
+    loaded = ContextRecord.from_record(json.loads(json.dumps(data)), 16000, RATE, RATE, 1 << 20)
+    assert loaded.head == ("be brief", ())
+    audio = loaded.spans[0].pcm()
+    # The model hears `quantize`d audio; the record gives it back bit for bit.
+    assert from_pcm16(audio).tobytes() == pcm.tobytes()
+    assert loaded.spans[1].heard_ids(None, 1.0) == [100, 101, 102, 103, 104, 7, 8]
+    assert (loaded.spans[2].text, loaded.spans[2].role) == ("the tool said 3", "tool")
+    summary = loaded.summary()
+    assert (summary.items, summary.audio_seconds, summary.left_out) == (3, 1.0, 0)
+
+
+def test_tokens_kept_in_the_reply_order_whatever_order_they_arrive_in():
+    # A tool call's tokens go out as the Thinker writes them; the speech before them only
+    # with its audio, later.
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    epoch = generate(p, record, frames=3, place=2)
+    record.tokens(epoch, (7, 8), None, 0)
+    p.on_engine_finished(epoch)
+    now = play(p, 1.0)
+    assert saved_reply(record, p, now) == [[7, 8, 100, 101, 102]]
+    # A gap (tokens still on their way) ends what is kept, as an unheard token does.
+    p2, record2 = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    generate(p2, record2, frames=3, place=2)
+    assert saved_reply(record2, p2, play(p2, 1.0)) == [[]]
+
+
+def test_flac_is_lossless_and_smaller_than_the_samples_for_speech_like_audio():
+    t = np.arange(16000 * 2) / 16000
+    pcm = (np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t) * 12000).astype(np.int16)
+    blob = encode_flac(pcm, 16000)
+    assert np.array_equal(decode_flac(blob), pcm)
+    assert len(blob) < pcm.nbytes / 2
+
+
+def test_past_the_byte_cap_the_oldest_turns_are_left_out_and_counted():
+    record = ContextRecord(16000, RATE, RATE, max_bytes=60_000)
+    rng = np.random.default_rng(2)
+    record.instruct("be brief", ())
+    for turn in range(3):
+        record.audio(quantize(rng.uniform(-0.5, 0.5, 16000).astype(np.float32)))
+        record.text(f"turn {turn}", "user")
+    data = record.to_record(lambda core_id: None)
+    # One second of noise is ~43 kB of base64 FLAC: the oldest entries go until the rest
+    # fits, which leaves the newest audio and the texts around it.
+    assert data["left_out"] == 3
+    assert [e.get("text") for e in data["entries"]] == ["turn 1", None, "turn 2"]
+    assert data["head"] == {"instructions": "be brief", "tools": []}
+    loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 60_000)
+    assert loaded.summary().left_out == 3
+
+
+def test_long_audio_is_kept_in_blocks_encoded_once_and_comes_back_whole():
+    record = ContextRecord(16000, RATE, RATE, 1 << 24)
+    rng = np.random.default_rng(3)
+    pcm = quantize(rng.uniform(-0.2, 0.2, 16000 * 25).astype(np.float32))
+    for part in np.array_split(pcm, 50):  # as the session pushes it, a piece at a time
+        record.audio(part)
+    first = record.to_record(lambda core_id: None)["entries"][0]
+    assert first["samples"] == [160000, 160000, 80000]
+    record.audio(pcm[:1600])
+    again = record.to_record(lambda core_id: None)["entries"][0]
+    # Full blocks are not encoded again; only the tail grew.
+    assert again["audio"][:2] == first["audio"][:2] and again["samples"][2] == 81600
+    loaded = ContextRecord.from_record(json.loads(json.dumps({
+        "rate": 16000, "head": None, "entries": [again]})), 16000, RATE, RATE, 1 << 24)
+    restored = from_pcm16(loaded.spans[0].pcm())
+    assert restored.tobytes() == np.concatenate([pcm, pcm[:1600]]).tobytes()
+    assert loaded.summary().audio_seconds == 25.1
+
+
+def test_one_long_stretch_of_audio_past_the_cap_loses_its_oldest_blocks_only():
+    record = ContextRecord(16000, RATE, RATE, max_bytes=1_000_000)
+    rng = np.random.default_rng(4)
+    record.text("hello", "user")
+    record.audio(quantize(rng.uniform(-0.5, 0.5, 16000 * 60).astype(np.float32)))
+    data = record.to_record(lambda core_id: None)
+    # ~430 kB of noise per 10 s block: the text and the oldest four blocks go.
+    [entry] = data["entries"]
+    assert entry["samples"] == [160000, 160000] and data["left_out"] == 1
+    loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 1_000_000)
+    assert loaded.summary().audio_seconds == 20.0

@@ -1,0 +1,217 @@
+"""The model's context survives a resume: two `duplex serve` nodes with the tiny Qwen3-Omni on
+one real redis-server, node A killed, the session resumed on node B. With greedy sampling the
+reply after the resume is, token for token, the reply an uninterrupted session gives to the
+same conversation. A resume on the node that kept the dropped connection's engine state takes
+it over with no prefill at all. (What was generated but never heard stays out of the record:
+tests/store/test_context.py.)"""
+
+import asyncio
+import base64
+import json
+import os
+import re
+import signal
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import websockets
+
+from tests.waiting import eventually
+
+RATE = 24000
+pytestmark = pytest.mark.slow
+
+
+def pcm16(seconds: float, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    audio = (rng.uniform(-0.3, 0.3, int(RATE * seconds)) * 32767).astype("<i2").tobytes()
+    return base64.b64encode(audio).decode()
+
+
+@pytest.fixture
+def omni_cluster(server_process, redis_server, tiny_omni_dir):
+    env = {**os.environ, "DUPLEX_STORE__HEARTBEAT_S": "0.2", "DUPLEX_REDIS_URL": redis_server.url}
+
+    def node(name):
+        return server_process("--model", str(tiny_omni_dir), "--node-id", name, env=env)
+
+    return node
+
+
+class Client:
+    def __init__(self, ws):
+        self.ws = ws
+
+    @classmethod
+    async def connect(cls, server):
+        ws = await websockets.connect(server.url.replace("http", "ws") + "/v1/realtime",
+                                      compression=None, max_size=None)
+        return cls(ws)
+
+    async def send(self, type_, **fields):
+        await self.ws.send(json.dumps({"type": type_, **fields}))
+
+    async def recv(self, timeout=30.0):
+        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def until(self, type_, timeout=60.0):
+        events = []
+        while True:
+            events.append(await self.recv(timeout))
+            assert events[-1]["type"] != "error", events[-1]
+            if events[-1]["type"] == type_:
+                return events
+
+    async def reply(self, **response):
+        """Ask for a reply; its transcript (audio) or text, as sent."""
+        await self.send("response.create", response=response)
+        events = await self.until("response.done")
+        self.usage = events[-1]["response"]["usage"]
+        assert events[-1]["response"]["status"] in ("completed", "incomplete")
+        return "".join(e["delta"] for e in events if e["type"] in (
+            "response.output_audio_transcript.delta", "response.output_text.delta"))
+
+    async def audio_turn(self, seed):
+        await self.send("input_audio_buffer.append", audio=pcm16(0.8, seed))
+        await self.send("input_audio_buffer.commit")
+
+    async def text_turn(self, text):
+        await self.send("conversation.item.create", item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]})
+        await self.until("conversation.item.done")
+
+
+async def new_session(server):
+    c = await Client.connect(server)
+    created = await c.recv()
+    await c.send("session.update", session={
+        "type": "realtime", "instructions": "You are terse.",
+        "audio": {"input": {"turn_detection": None}}})
+    await c.until("session.updated")
+    return c, created["session"]
+
+
+async def resume(server, session):
+    c = await Client.connect(server)
+    assert (await c.recv())["type"] == "session.created"
+    await c.send("session.resume", session_id=session["id"], resume_token=session["resume_token"])
+    return c, await c.recv()
+
+
+def saved(redis_url, session_id):
+    entry = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(
+        f"duplex:s:{session_id}")
+    return json.loads(entry.get("conversation", "[]")), json.loads(entry.get("context", "{}"))
+
+
+async def heard_in_full(redis_url, session_id, transcripts):
+    """Wait until the registry holds every reply as heard in full (the playback estimate has
+    caught up with the last audio sent)."""
+    def done():
+        items, _ = saved(redis_url, session_id)
+        heard = [i.get("transcript") or i.get("text") or "" for i in items
+                 if i.get("role") == "assistant"]
+        return heard == transcripts
+
+    await eventually(done, "every reply heard in full in the registry")
+
+
+GREEDY = {"max_output_tokens": 8}
+
+
+async def conversation_before(client):
+    """An audio turn answered in speech, a text turn answered in text."""
+    await client.audio_turn(seed=11)
+    first = await client.reply(**GREEDY)
+    await client.text_turn("and what about tomorrow?")
+    second = await client.reply(output_modalities=["text"], **GREEDY)
+    return [first, second]
+
+
+async def test_reply_after_resume_on_another_node_equals_the_uninterrupted_reply(
+        omni_cluster, redis_server):
+    a, b = omni_cluster("a"), omni_cluster("b")
+    client, session = await new_session(a)
+    await client.send("session.update", session={"type": "realtime", "temperature": 0})
+    await client.until("session.updated")
+    before = await conversation_before(client)
+    assert before[1]
+    await heard_in_full(redis_server.url, session["id"], before)
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait()
+
+    client, resumed = await resume(b, session)
+    assert resumed["type"] == "session.resumed"
+    rebuilt = resumed["rebuilt_context"]
+    # The audio turn, its reply, the text turn, its reply; of the 0.8 s sent, what the
+    # streaming resampler had passed on to the model (its delay holds back a few ms).
+    assert (rebuilt["items"], rebuilt["left_out_items"], rebuilt["kept_live"]) == (4, 0, False)
+    assert 0.75 <= rebuilt["audio_seconds"] <= 0.8
+    await client.text_turn("and the day after?")
+    after = await client.reply(output_modalities=["text"], **GREEDY)
+    await client.ws.close()
+
+    reference, _ = await new_session(b)
+    await reference.send("session.update", session={"type": "realtime", "temperature": 0})
+    await reference.until("session.updated")
+    assert await conversation_before(reference) == before
+    await reference.text_turn("and the day after?")
+    expected = await reference.reply(output_modalities=["text"], **GREEDY)
+    await reference.ws.close()
+    assert after and after == expected
+
+    # Without the context the same question gets another answer: the rebuild is what made
+    # them equal.
+    fresh, _ = await new_session(b)
+    await fresh.send("session.update", session={"type": "realtime", "temperature": 0})
+    await fresh.until("session.updated")
+    await fresh.text_turn("and the day after?")
+    assert await fresh.reply(output_modalities=["text"], **GREEDY) != expected
+    await fresh.ws.close()
+
+
+def prefill_calls(server):
+    text = httpx.get(f"{server.url}/metrics").text
+    found = re.search(r'^duplex_stage_batch_size_count\{stage="prefill"\} (\S+)$', text, re.M)
+    return int(float(found.group(1))) if found else 0
+
+
+async def test_a_resume_on_the_node_that_kept_the_live_state_takes_it_over_without_prefill(
+        server_process, redis_server, tiny_omni_dir):
+    env = {**os.environ, "DUPLEX_STORE__KEEP_LIVE_S": "30", "DUPLEX_REDIS_URL": redis_server.url}
+    node = server_process("--model", str(tiny_omni_dir), "--node-id", "a", env=env)
+    client, session = await new_session(node)
+    await client.text_turn("what is the weather?")
+    first = await client.reply(output_modalities=["text"], **GREEDY)
+    first_usage = client.usage
+    await client.ws.close()  # the connection drops; the node lives on
+    await eventually(lambda: httpx.get(f"{node.url}/healthz").json()["active_sessions"] == 0,
+                     "the dropped connection's session ends")
+
+    client, resumed = await resume(node, session)
+    assert resumed["type"] == "session.resumed"
+    assert resumed["rebuilt_context"]["kept_live"] is True
+    assert resumed["rebuilt_context"]["items"] == 2
+    await client.text_turn("and tomorrow?")
+    second = await client.reply(output_modalities=["text"], **GREEDY)
+    assert first and second
+    # The second reply ran on the whole first exchange, found in the KV cache as it was.
+    usage = client.usage
+    assert usage["input_tokens"] > first_usage["input_tokens"] + first_usage["output_tokens"]
+    assert usage["input_token_details"]["cached_tokens"] > first_usage["input_tokens"]
+    assert usage["truncation"] == {"type": "auto", "truncated_tokens": 0}
+    await client.ws.close()
+
+    # Every prefill of that session happened before its second reply began. One more turn of
+    # another session, and the first report that counts it counts them all: one call per text
+    # turn, and none for putting a context back.
+    probe, _ = await new_session(node)
+    await probe.text_turn("hello")
+    await probe.reply(output_modalities=["text"], **GREEDY)
+    await probe.ws.close()
+    count = await eventually(lambda: (n := prefill_calls(node)) >= 3 and n,
+                             "the probe's prefill reported")
+    assert count == 3
