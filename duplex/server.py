@@ -132,7 +132,9 @@ def create_app(settings: Settings) -> Starlette:
     ts = settings.telephony
     twilio = twilio_endpoint(
         lambda: parts["engine"], lambda: parts["vad"],
-        TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit),
+        TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit,
+                      min_interruption_ms=ts.min_interruption_ms,
+                      noise_reduction=ts.noise_reduction or None),
         metrics, hub,
     )
 

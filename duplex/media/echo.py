@@ -36,7 +36,7 @@ _WINDOW = VAD_RATE // _DECIMATE // 4
 """250 ms of microphone audio, correlated with what was played."""
 _MAX_DELAY = VAD_RATE // _DECIMATE * 2 // 5
 """400 ms: the longest device and network delay looked for."""
-_ACTIVE_FOR = VAD_RATE // 2
+_TAIL_MS = 500
 """After the last audio played, the canceller stays in the path this long (the echo's tail)."""
 _KEPT_OUTPUT_S = 2
 
@@ -71,7 +71,8 @@ class EchoGuard:
         self._mic = np.zeros(0, np.float32)
         self._ref = np.zeros(0, np.float32)
         self._forget_history()
-        self._since_played = _ACTIVE_FOR
+        self._active_for = clock_rate * _TAIL_MS // 1000
+        self._since_played = self._active_for
         self.echo_frames = 0
         """Frames in which the canceller's output stood in for the microphone."""
         self._apm = None
@@ -115,20 +116,24 @@ class EchoGuard:
         """Microphone audio at the clock rate -> what the speech detector should hear, at its
         rate. `playhead`: the output position the listener is playing now."""
         ref = self._reference(len(pcm), playhead)
-        self._mic = np.concatenate([self._mic, self._to_vad.process(pcm)])
-        self._ref = np.concatenate([self._ref, self._ref_to_vad.process(ref)])
-        n = len(self._mic) // FRAME * FRAME
-        mic, self._mic = self._mic[:n], self._mic[n:]
+        mic = np.concatenate([self._mic, self._to_vad.process(pcm)])
+        ref16 = self._ref_to_vad.process(ref)
+        self._since_played = 0 if np.any(ref) else self._since_played + len(pcm)
+        if self._since_played >= self._active_for and not self.strength.noise_suppression:
+            # Nothing played lately, so there is no echo: the detector hears every sample at
+            # once, with no framing delay.
+            self._mic = self._ref = np.zeros(0, np.float32)
+            self._forget_history()
+            return mic
+        self._ref = np.concatenate([self._ref, ref16])
+        n = len(mic) // FRAME * FRAME
+        mic, self._mic = mic[:n], mic[n:]
         ref = self._ref[:n]
         if len(ref) < n:
             ref = np.concatenate([np.zeros(n - len(ref), np.float32), ref])
         # The reference never runs far ahead of the microphone (both come from one clock).
         self._ref = self._ref[n:][-FRAME:]
         if not n:
-            return mic
-        self._since_played = 0 if np.any(ref) else self._since_played + n
-        if self._since_played >= _ACTIVE_FOR and not self.strength.noise_suppression:
-            self._forget_history()
             return mic
         cleaned = self._cancel(mic, ref)
         if self._echo_present(mic, ref):

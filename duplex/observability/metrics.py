@@ -52,6 +52,14 @@ class Metrics:
             "Onset of the user's speech over a reply (media clock) to the reply being cut",
             buckets=latency, registry=self.registry,
         )
+        self.interruptions = Counter(
+            "duplex_interruptions", "Replies cut by the user's speech over them",
+            registry=self.registry,
+        )
+        self.false_interruptions = Counter(
+            "duplex_false_interruptions", "Speech over a reply too short to cut it (a cough, a "
+            "click): the reply paused and went on", registry=self.registry,
+        )
         self.bytes_held = Gauge(
             "duplex_engine_bytes_held", "Bytes the engine holds for open sessions (KV, codec "
             "state, queues)", registry=self.registry,
@@ -64,6 +72,9 @@ class Metrics:
             "duplex_tool_calls_invalid", "Tool calls the model wrote that were not the JSON its "
             "chat template asks for (reported with their raw text)", registry=self.registry,
         )
+
+    def count_interruption(self, confirmed: bool) -> None:
+        (self.interruptions if confirmed else self.false_interruptions).inc()
 
     def sync_engine(self, engine) -> None:
         """Move the engine's new per-stage samples and drops into the metrics, so a long-running

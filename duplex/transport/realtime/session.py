@@ -31,6 +31,7 @@ from duplex.transport.effects import (
     EnginePushFrame,
     EnginePushImage,
     FlushAudio,
+    InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
 )
@@ -216,6 +217,9 @@ class RealtimeSession(SessionLoop):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):
             self._transcribe(effect)
+        elif isinstance(effect, InterruptionJudged):
+            if self.metrics is not None:
+                self.metrics.count_interruption(effect.confirmed)
         elif isinstance(effect, InvalidToolCall):
             log.warning("session %s: the model wrote a tool call that is not JSON: %r",
                         self.session_id, effect.raw[:200])

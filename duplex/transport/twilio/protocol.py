@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from duplex.media import float_to_g711, g711_to_float
+from duplex.media.echo import STRENGTHS
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.turn_detection import TurnDetector
@@ -37,6 +38,7 @@ from duplex.transport.effects import (
     EngineCancel,
     EngineCommit,
     EnginePush,
+    InterruptionJudged,
     Send,
     VadFeed,
 )
@@ -89,7 +91,7 @@ class Notice:
 
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
-    | Rejected | DtmfReceived | Notice
+    | Rejected | DtmfReceived | Notice | InterruptionJudged
 )
 
 
@@ -102,6 +104,17 @@ class Options:
     vad_threshold: float = 0.5
     silence_ms: int = 500
     """Silence after speech that ends the caller's turn."""
+    min_interruption_ms: int = 400
+    """Speech over a reply pauses it; only speech this long cancels it (0: at once)."""
+    resume_gap_ms: int = 200
+    """Quiet after a paused reply's speech that ends it as a false interruption."""
+    noise_reduction: str | None = None
+    """The echo guard's strength: None, near_field or far_field (duplex.media.echo)."""
+
+    def __post_init__(self) -> None:
+        if self.noise_reduction not in STRENGTHS:
+            raise ValueError(f"noise_reduction must be one of {list(STRENGTHS)}, "
+                             f"not {self.noise_reduction!r}")
 
 
 @dataclass
@@ -133,6 +146,10 @@ class TwilioProtocol:
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
+        o = self.options
+        self.core.handle(cmd.SetInterruption(o.min_interruption_ms * RATE // 1000,
+                                             o.resume_gap_ms * RATE // 1000))
+        self.clock.guard.set_strength(o.noise_reduction)
         self.stream: schema.StartBody | None = None
         self.last_seq = 0
         self.reply: Reply | None = None
@@ -284,17 +301,35 @@ class TwilioProtocol:
         out: list[Effect] = []
         if self.closed or self.stream is None:
             return out
-        for decision in self.clock.speech_decisions(probs):
-            if isinstance(decision, cmd.SpeechStarted):
-                out.append(Notice(f"speech started at sample {decision.at_sample}"))
-                # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
-                # transcript cut at the last echoed mark.
-                self._apply_core_events(out, self.core.handle(decision))
-            elif isinstance(decision, cmd.SpeechStopped):
-                out.append(Notice(f"speech stopped at sample {decision.at_sample}"))
-                self.core.handle(decision)
-                self._start_reply(out)
+        for command in self.clock.speech_decisions(probs):
+            if isinstance(command, cmd.SpeechStarted):
+                out.append(Notice(f"speech started at sample {command.at_sample}"))
+                # Speech over a playing reply pauses it (or, with no minimum, is a barge-in:
+                # epoch bump, flush, transcript cut at the last echoed mark).
+                self._judge(out, self.core.handle(command))
+            elif isinstance(command, cmd.SpeechStopped):
+                events = self.core.handle(command)
+                self._judge(out, events)
+                if any(isinstance(e, ev.UserTurnEnded) for e in events):
+                    out.append(Notice(f"speech stopped at sample {command.at_sample}"))
+                    self._start_reply(out)
+            else:
+                self._judge(out, self.core.handle(command))
         return out
+
+    def _judge(self, out: list[Effect], events: list[ev.Event]) -> None:
+        for e in events:
+            if isinstance(e, ev.OutputPaused):
+                out.append(Notice(f"response {e.response_id} paused: speech at sample {e.onset}"))
+            elif isinstance(e, ev.InterruptionConfirmed):
+                out.append(InterruptionJudged(True))
+                out.append(Notice(f"interruption confirmed: speech from sample {e.onset}"))
+            elif isinstance(e, ev.OutputResumed):
+                out.append(InterruptionJudged(False))
+                out.append(Notice(f"response {e.response_id} resumed: false interruption, "
+                                  f"speech from sample {e.onset} to {e.speech_end}"))
+                self.clock.forget_speech()
+        self._apply_core_events(out, events)
 
     def _start_reply(self, out: list[Effect]) -> None:
         events = self.core.handle(cmd.StartResponse())
@@ -373,6 +408,7 @@ class TwilioProtocol:
         return out
 
     def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, payload: bytes) -> None:
+        self.clock.guard.played(chunk.start_sample, g711_to_float(payload, "ulaw"))
         sid = self.stream.streamSid
         for i in range(0, len(payload), FRAME):
             out.append(Send({"event": "media", "streamSid": sid,

@@ -18,6 +18,7 @@ from duplex.transport.loop import SessionLoop, close_quietly, serve_websocket
 from duplex.transport.twilio.protocol import (
     RATE,
     DtmfReceived,
+    InterruptionJudged,
     Notice,
     Options,
     Rejected,
@@ -57,6 +58,8 @@ class TwilioSession(SessionLoop):
             self.metrics.telephony_dtmf.labels(effect.digit).inc()
         elif isinstance(effect, Notice):
             log.info("twilio call %s: %s", sid, effect.message)
+        elif isinstance(effect, InterruptionJudged):
+            self.metrics.count_interruption(effect.confirmed)
         else:
             return await super().carry_out(effect)
         return False
