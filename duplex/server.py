@@ -22,6 +22,7 @@ from duplex.access.limits import Admission
 from duplex.config import Settings
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.vad import VadService
+from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.observability.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
 from duplex.transcription import Transcriber
@@ -92,6 +93,7 @@ def create_app(settings: Settings) -> Starlette:
         engine = await asyncio.to_thread(start_engine, spec, not es.process)
         ts = settings.transcription
         transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)
+        await asyncio.to_thread(echo_guard_warm_up)
         parts.update(engine=engine, vad=VadService(), transcriber=transcriber)
         model = engine.model
         log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+from livekit import rtc
 
 from duplex.media.rates import VAD_RATE
 from duplex.media.resample import Resampler
@@ -142,8 +143,6 @@ class EchoGuard:
         return mic
 
     def _cancel(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
-        from livekit import rtc
-
         if self._apm is None:
             s = self.strength
             self._apm = rtc.AudioProcessingModule(
@@ -187,8 +186,14 @@ def _decimate(x: np.ndarray) -> np.ndarray:
     return x[:n].reshape(-1, _DECIMATE).mean(axis=1)
 
 
-def _frame(x: np.ndarray):
-    from livekit import rtc
+def warm_up() -> None:
+    """Start the canceller's native side (a few hundred ms, once per process) before the
+    first session needs it, not on its event loop in the middle of a reply."""
+    apm = rtc.AudioProcessingModule(echo_cancellation=True)
+    apm.process_reverse_stream(_frame(np.zeros(FRAME, np.float32)))
+    apm.process_stream(_frame(np.zeros(FRAME, np.float32)))
 
+
+def _frame(x: np.ndarray) -> rtc.AudioFrame:
     data = (np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes()
     return rtc.AudioFrame(data, VAD_RATE, 1, FRAME)

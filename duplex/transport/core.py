@@ -73,6 +73,10 @@ class MediaClock:
         self._to_model = Resampler(rate, model_input_rate)
         self.guard = EchoGuard(rate)
         """What the speech detector hears: the microphone less the echo of our own reply."""
+        self._input_end = 0
+        self._input_lag: int | None = None
+        """The least (clock - input received) seen: input that came in that early was captured
+        when the clock read its end plus this, whatever the delay of the frames since."""
         self._from_model = Resampler(model_output_rate, rate)
         self.vad_chunk = VAD_CHUNK * rate // VAD_RATE
         """Clock samples behind each speech probability (silero's window at 16 kHz)."""
@@ -82,8 +86,13 @@ class MediaClock:
     def input_effects(self, pcm: np.ndarray, *, detect_speech: bool) -> list[EnginePush | VadFeed]:
         """Float32 on the session clock, on its way to the model and the speech detector."""
         out: list[EnginePush | VadFeed] = [EnginePush(self._to_model.process(pcm))]
+        self._input_end += len(pcm)
+        lag = self.core.now_sample - self._input_end
+        self._input_lag = lag if self._input_lag is None else min(self._input_lag, lag)
         if detect_speech:
-            playhead = self.pacer.played(self.core.now_sample)
+            # The echo in this audio is of what played when it was captured, not when it came
+            # in: a late frame would otherwise shift the canceller's reference by its delay.
+            playhead = self.pacer.played(self._input_end + self._input_lag)
             out.append(VadFeed(self.guard.clean(pcm, playhead)))
         return out
 
