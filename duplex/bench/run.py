@@ -24,6 +24,7 @@ from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
 from duplex.engine.vad import VadService
 from duplex.media import float_to_pcm16
+from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.media.rates import REALTIME_RATE
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.session import RealtimeSession
@@ -36,6 +37,8 @@ FRAME = RATE // 50
 class ClientRecord:
     ttfa_ms: list[float] = field(default_factory=list)
     vad_detect_ms: list[float] = field(default_factory=list)
+    pause_ms: list[float] = field(default_factory=list)
+    """Speech onset over a reply -> the reply paused (duplex.output.paused)."""
     barge_in_ms: list[float] = field(default_factory=list)
     input_lag_ms: list[float] = field(default_factory=list)
     underruns: int = 0
@@ -70,6 +73,14 @@ class ScriptedClient:
         kind = event["type"]
         if kind == "input_audio_buffer.speech_started" and self.speech_onsets:
             self.rec.vad_detect_ms.append((now - self.speech_onsets.pop(0)) * 1000)
+            if self.response_id is not None:
+                self.barge_decision.setdefault(self.response_id, now)
+        elif kind == "duplex.output.paused":
+            # Over a reply the pause is the decision; speech_started waits for min_interruption.
+            if self.speech_onsets:
+                ms = (now - self.speech_onsets.pop(0)) * 1000
+                self.rec.vad_detect_ms.append(ms)
+                self.rec.pause_ms.append(ms)
             if self.response_id is not None:
                 self.barge_decision[self.response_id] = now
         elif kind == "response.created":
@@ -175,7 +186,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
                 await holder["client"].on_event(text)
 
             session = RealtimeSession(engine, vad, Limits(), engine.model.name, send_text,
-                                      session_id=f"bench_{i}")
+                                      session_id=f"bench_{i}", duplex_events=True)
             session.open()
             client = ScriptedClient(i, session, duration_s)
             holder["client"] = client
@@ -192,7 +203,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
     wall = time.monotonic() - started
     merged = ClientRecord()
     for c in clients:
-        for name in ("ttfa_ms", "vad_detect_ms", "barge_in_ms", "input_lag_ms"):
+        for name in ("ttfa_ms", "vad_detect_ms", "pause_ms", "barge_in_ms", "input_lag_ms"):
             getattr(merged, name).extend(getattr(c.rec, name))
         merged.underruns += c.rec.underruns
         merged.reply_s += c.rec.reply_s
@@ -208,6 +219,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float) ->
         "ttfa_ms": percentiles(merged.ttfa_ms),
         "barge_in_ms": percentiles(merged.barge_in_ms),
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
+        "pause_ms": percentiles(merged.pause_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
@@ -245,6 +257,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
     thread (engine.process = false): the engine settings the server uses."""
     vad = VadService()
+    echo_guard_warm_up()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
     codec_ratio = None
@@ -311,6 +324,7 @@ def table(report: dict) -> str:
     row("ttfa ms p50/p95", lambda m: pq(m["ttfa_ms"]))
     row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
     row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
+    row("pause ms p50/p95", lambda m: pq(m["pause_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))

@@ -362,7 +362,7 @@ class TwilioProtocol:
             self._queue(self.clock.reply_audio(pcm), text, last=False)
         return []
 
-    def on_engine_finished(self, epoch: int) -> list[Effect]:
+    def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
         r = self.reply
         if r is not None and epoch == r.epoch and not self.closed:
             self._queue(self.clock.reply_tail(), "", last=True)
