@@ -53,8 +53,9 @@ class VoiceActivity:
 
 @dataclass(frozen=True, slots=True)
 class SetInterruption:
-    """Speech over a reply pauses it; only speech lasting `min_samples` cancels it, and a pause
-    whose speech falls quiet for `resume_gap_samples` before that resumes the reply.
+    """Speech over a reply pauses it; only speech lasting `min_samples` cancels it. A pause
+    whose speech has been quiet for `resume_gap_samples` when that much time has passed since
+    its onset (or any time later) resumes the reply.
     `min_samples` 0: speech over a reply cancels it at once."""
 
     min_samples: int

@@ -207,7 +207,10 @@ class Session:
             if end - pause.onset >= self.min_interruption_samples:
                 return self._confirm()
             return []
-        if end - pause.speech_end >= self.resume_gap_samples:
+        # Judged no sooner than the minimum: speech has pauses of its own (between syllables,
+        # or as the detector hears its onset), and a reply resumed in one would stop again.
+        if (end - pause.onset >= self.min_interruption_samples
+                and end - pause.speech_end >= self.resume_gap_samples):
             return self._resume()
         return []
 

@@ -80,6 +80,9 @@ def test_a_pause_holds_the_reply_in_place_until_its_speech_is_judged(cmds):
             if isinstance(e, OutputResumed):
                 assert before[4] is not None and s.pause is None
                 assert e.speech_end - e.onset < MIN
+                if isinstance(cmd, VoiceActivity):
+                    assert cmd.end_sample - e.onset >= MIN
+                    assert cmd.end_sample - e.speech_end >= GAP
                 assert s.turn in (TurnState.RESPONDING, TurnState.LISTENING)
             if isinstance(e, InterruptionConfirmed):
                 assert before[4] is not None and s.pause is None
@@ -129,8 +132,9 @@ def test_a_cough_resumes_the_reply_and_a_sentence_cancels_it():
     s.handle(OutputChunkProduced(0, 4800, "hello "))
     assert [type(e) for e in s.handle(SpeechStarted(1000))][0] is OutputPaused
     s.handle(VoiceActivity(1000 + 3000, True))
-    assert s.handle(VoiceActivity(1000 + 3000 + GAP - 1, False)) == []
-    resumed = s.handle(VoiceActivity(1000 + 3000 + GAP, False))
+    # Quiet long enough, but judged only once the minimum has passed since the onset.
+    assert s.handle(VoiceActivity(1000 + 3000 + GAP, False)) == []
+    resumed = s.handle(VoiceActivity(1000 + MIN, False))
     assert resumed[-1] == OutputResumed(0, 1000, 4000)
     assert s.turn is TurnState.RESPONDING and s.epoch == 0 and s.sent_samples == 4800
 
