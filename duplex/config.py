@@ -111,6 +111,11 @@ class TelephonySettings(_Section):
     """A DTMF digit that hangs up the call; empty for none."""
     output_lead_ms: int = Field(200, ge=0, le=2000)
     """Reply audio is sent at most this far ahead of the caller's playback."""
+    min_interruption_ms: int = Field(400, ge=0, le=10_000)
+    """Speech over a reply pauses it; only speech this long cancels it (0: at once)."""
+    noise_reduction: Literal["", "near_field", "far_field"] = ""
+    """The echo guard's strength for calls (as a Realtime session's
+    audio.input.noise_reduction); empty: the guard alone."""
     auth_token: str = ""
     """The Twilio account's auth token: /telephony requests must carry a valid
     X-Twilio-Signature (or an API key). Empty: not checked."""

@@ -22,6 +22,7 @@ from duplex.access.limits import Admission
 from duplex.config import Settings
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.vad import VadService
+from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.observability.metrics import Metrics
 from duplex.store import SessionRegistry, open_store
 from duplex.store.seats import RedisSeats
@@ -116,6 +117,7 @@ def create_app(settings: Settings) -> Starlette:
         engine = await asyncio.to_thread(start_engine, spec, not es.process)
         ts = settings.transcription
         transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)
+        await asyncio.to_thread(echo_guard_warm_up)
         parts.update(engine=engine, vad=VadService(), transcriber=transcriber)
         model = engine.model
         log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,
@@ -160,7 +162,9 @@ def create_app(settings: Settings) -> Starlette:
     twilio = twilio_endpoint(
         lambda: parts["engine"], lambda: parts["vad"],
         TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit,
-                      duplex=duplex_default),
+                      duplex=duplex_default,
+                      min_interruption_ms=ts.min_interruption_ms,
+                      noise_reduction=ts.noise_reduction or None),
         metrics, hub,
     )
 

@@ -27,6 +27,7 @@ from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
 from duplex.engine.vad import VadService
 from duplex.media import float_to_pcm16
+from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.media.rates import REALTIME_RATE
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.session import RealtimeSession
@@ -39,6 +40,8 @@ FRAME = RATE // 50
 class ClientRecord:
     ttfa_ms: list[float] = field(default_factory=list)
     vad_detect_ms: list[float] = field(default_factory=list)
+    pause_ms: list[float] = field(default_factory=list)
+    """Speech onset over a reply -> the reply paused (duplex.output.paused)."""
     barge_in_ms: list[float] = field(default_factory=list)
     input_lag_ms: list[float] = field(default_factory=list)
     underruns: int = 0
@@ -74,6 +77,14 @@ class ScriptedClient:
         kind = event["type"]
         if kind == "input_audio_buffer.speech_started" and self.speech_onsets:
             self.rec.vad_detect_ms.append((now - self.speech_onsets.pop(0)) * 1000)
+            if self.response_id is not None:
+                self.barge_decision.setdefault(self.response_id, now)
+        elif kind == "duplex.output.paused":
+            # Over a reply the pause is the decision; speech_started waits for min_interruption.
+            if self.speech_onsets:
+                ms = (now - self.speech_onsets.pop(0)) * 1000
+                self.rec.vad_detect_ms.append(ms)
+                self.rec.pause_ms.append(ms)
             if self.response_id is not None:
                 self.barge_decision[self.response_id] = now
         elif kind == "response.created":
@@ -181,8 +192,9 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     async def serve(client: ScriptedClient) -> None:
         """The session opens when its script starts, and runs to the end of the run."""
         await asyncio.sleep(max(0.0, clock_start + client.script.start_s - time.monotonic()))
+        # duplex_events: the bench times the pause of a reply (duplex.output.paused).
         session = RealtimeSession(engine, vad, Limits(), engine.model.name, client.on_event,
-                                  session_id=f"bench_{client.index}")
+                                  session_id=f"bench_{client.index}", duplex_events=True)
         session.open()
         client.session = session
         runners.append(asyncio.create_task(session.run()))
@@ -201,7 +213,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     wall = time.monotonic() - started
     merged = ClientRecord()
     for c in clients:
-        for name in ("ttfa_ms", "vad_detect_ms", "barge_in_ms", "input_lag_ms"):
+        for name in ("ttfa_ms", "vad_detect_ms", "pause_ms", "barge_in_ms", "input_lag_ms"):
             getattr(merged, name).extend(getattr(c.rec, name))
         merged.underruns += c.rec.underruns
         merged.reply_s += c.rec.reply_s
@@ -220,6 +232,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "ttfa_ms": percentiles(merged.ttfa_ms),
         "barge_in_ms": percentiles(merged.barge_in_ms),
         "vad_detect_ms": percentiles(merged.vad_detect_ms),
+        "pause_ms": percentiles(merged.pause_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
         "engine_steps": steps,
@@ -276,6 +289,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     `cuda_graphs` as model.dtype and engine.cuda_graphs. `arrivals` and `seed` say when
     sessions start and how they talk (arrivals.py)."""
     vad = VadService()
+    echo_guard_warm_up()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
     codec_ratio = None
@@ -362,6 +376,7 @@ def table(report: dict) -> str:
     row("ttfa ms p50/p95", lambda m: pq(m["ttfa_ms"]))
     row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
     row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
+    row("pause ms p50/p95", lambda m: pq(m["pause_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
     row("engine ms / step", lambda m: _num(m["engine_ms_per_step"]))
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))

@@ -54,6 +54,14 @@ class Metrics:
             "Onset of the user's speech over a reply (media clock) to the reply being cut",
             buckets=latency, registry=self.registry,
         )
+        self.interruptions = Counter(
+            "duplex_interruptions", "Replies cut by the user's speech over them",
+            registry=self.registry,
+        )
+        self.false_interruptions = Counter(
+            "duplex_false_interruptions", "Speech over a reply too short to cut it (a cough, a "
+            "click): the reply paused and went on", registry=self.registry,
+        )
         self.bytes_held = Gauge(
             "duplex_engine_bytes_held", "Bytes the engine holds for open sessions (KV, codec "
             "state, queues)", registry=self.registry,
@@ -68,6 +76,9 @@ class Metrics:
         )
         self.caches = _CacheCollector()
         self.registry.register(self.caches)
+
+    def count_interruption(self, confirmed: bool) -> None:
+        (self.interruptions if confirmed else self.false_interruptions).inc()
 
     def sync_engine(self, engine) -> None:
         """Move the engine's new per-stage samples and drops into the metrics, so a long-running

@@ -16,12 +16,14 @@ from duplex.session.commands import (
     OutputDelivered,
     PlaybackAcknowledged,
     ResponseCompleted,
+    SetInterruption,
     SpeechStarted,
     SpeechStopped,
     StartResponse,
     Tick,
     Truncate,
     VideoFrameReceived,
+    VoiceActivity,
 )
 from duplex.session.errors import (
     AckBeyondSent,
@@ -36,7 +38,10 @@ from duplex.session.events import (
     EpochBumped,
     Event,
     Flush,
+    InterruptionConfirmed,
     OutputChunk,
+    OutputPaused,
+    OutputResumed,
     Released,
     ResponseCancelled,
     ResponseDone,
@@ -46,7 +51,7 @@ from duplex.session.events import (
     UserTurnEnded,
     VideoFrameSampled,
 )
-from duplex.session.state import Session, TurnState
+from duplex.session.state import Pause, Session, TurnState
 from duplex.session.timeline import TrackCounters
 
 __all__ = [
@@ -61,11 +66,15 @@ __all__ = [
     "Flush",
     "InputConsumed",
     "InputDropped",
+    "InterruptionConfirmed",
     "InvalidCommand",
     "NoActiveResponse",
     "OutputChunk",
     "OutputChunkProduced",
     "OutputDelivered",
+    "OutputPaused",
+    "OutputResumed",
+    "Pause",
     "PlaybackAcknowledged",
     "Released",
     "ResponseCancelled",
@@ -75,6 +84,7 @@ __all__ = [
     "Session",
     "SessionClosed",
     "SessionError",
+    "SetInterruption",
     "SpeechStarted",
     "SpeechStopped",
     "StartResponse",
@@ -88,4 +98,5 @@ __all__ = [
     "UserTurnEnded",
     "VideoFrameReceived",
     "VideoFrameSampled",
+    "VoiceActivity",
 ]

@@ -42,6 +42,27 @@ class SpeechStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class VoiceActivity:
+    """The speech detector scored the input up to `end_sample`: speech (at or above its
+    threshold) or not. Fed for every scored chunk; it is what tells a pause's speech apart
+    from a false interruption."""
+
+    end_sample: int
+    speech: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetInterruption:
+    """Speech over a reply pauses it; only speech lasting `min_samples` cancels it. A pause
+    whose speech has been quiet for `resume_gap_samples` when that much time has passed since
+    its onset (or any time later) resumes the reply.
+    `min_samples` 0: speech over a reply cancels it at once."""
+
+    min_samples: int
+    resume_gap_samples: int
+
+
+@dataclass(frozen=True, slots=True)
 class StartResponse:
     pass
 
@@ -109,6 +130,8 @@ Command = (
     | InputDropped
     | SpeechStarted
     | SpeechStopped
+    | VoiceActivity
+    | SetInterruption
     | StartResponse
     | OutputChunkProduced
     | ResponseCompleted

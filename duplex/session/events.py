@@ -79,6 +79,33 @@ class TranscriptTruncated:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputPaused:
+    """Speech began over reply `response_id` at input sample `onset`: release nothing more of
+    it until the speech is judged. Its audio stays queued, in place on the output track."""
+
+    response_id: int
+    onset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutputResumed:
+    """The speech from `onset` to `speech_end` was a false interruption: the paused reply goes
+    on from where it stopped."""
+
+    response_id: int
+    onset: int
+    speech_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionConfirmed:
+    """The speech that began at `onset` lasted long enough: the user's turn has begun (the
+    reply it interrupted, if any, is cancelled by the events beside this one)."""
+
+    onset: int
+
+
+@dataclass(frozen=True, slots=True)
 class VideoFrameSampled:
     pts_sample: int
 
@@ -101,6 +128,9 @@ Event = (
     | EpochBumped
     | Flush
     | TranscriptTruncated
+    | OutputPaused
+    | OutputResumed
+    | InterruptionConfirmed
     | VideoFrameSampled
     | Released
 )

@@ -54,6 +54,17 @@ class Response:
         return self.text_before(self.heard_samples)
 
 
+@dataclass
+class Pause:
+    """Speech that began over a reply at input sample `onset`, not yet judged: the reply's
+    output is held meanwhile."""
+
+    response_id: int
+    onset: int
+    speech_end: int
+    """End of the last chunk the detector scored as speech."""
+
+
 class Session:
     def __init__(
         self,
@@ -78,6 +89,13 @@ class Session:
         self.now_sample = 0
         self.speech_start: int | None = None
         self.last_video_pts: int | None = None
+        self.min_interruption_samples = 0
+        self.resume_gap_samples = 0
+        self.pause: Pause | None = None
+        self.interruptions = 0
+        """Replies cut by the user's speech."""
+        self.false_interruptions = 0
+        """Pauses whose speech was too short to cut the reply, which went on."""
 
     # -- derived views -------------------------------------------------------------------
 
@@ -149,16 +167,71 @@ class Session:
 
     # -- turns ---------------------------------------------------------------------------
 
+    def _set_interruption(self, cmd: c.SetInterruption) -> list[e.Event]:
+        self.min_interruption_samples = require_count("min_samples", cmd.min_samples)
+        self.resume_gap_samples = require_count("resume_gap_samples", cmd.resume_gap_samples)
+        return []
+
+    @property
+    def _playing(self) -> bool:
+        return self.turn is TurnState.RESPONDING or bool(self.unplayed_samples)
+
     def _speech_started(self, cmd: c.SpeechStarted) -> list[e.Event]:
         at = require_count("at_sample", cmd.at_sample)
         if self.turn is TurnState.USER_SPEAKING:
             return []
         out: list[e.Event] = []
-        if self.turn is TurnState.RESPONDING or self.unplayed_samples:
+        if self._playing and self.min_interruption_samples:
+            # Pausing costs nothing if the speech turns out to be a cough: it happens at once,
+            # and the judgement waits for the speech to last (or not).
+            rid = self.responses[-1].id
+            self.pause = Pause(rid, at, at)
+            out.append(e.OutputPaused(rid, at))
+        elif self._playing:
             out += self._cancel_response("barge_in")
+            self.interruptions += 1
+            out.append(e.InterruptionConfirmed(at))
         self.speech_start = at
         out.append(self._set_turn(TurnState.USER_SPEAKING))
         return out
+
+    def _voice_activity(self, cmd: c.VoiceActivity) -> list[e.Event]:
+        end = require_count("end_sample", cmd.end_sample)
+        if type(cmd.speech) is not bool:
+            raise InvalidCommand("speech must be a bool")
+        pause = self.pause
+        if pause is None or end <= pause.onset:
+            return []
+        if cmd.speech:
+            pause.speech_end = max(pause.speech_end, end)
+            if end - pause.onset >= self.min_interruption_samples:
+                return self._confirm()
+            return []
+        # Judged no sooner than the minimum: speech has pauses of its own (between syllables,
+        # or as the detector hears its onset), and a reply resumed in one would stop again.
+        if (end - pause.onset >= self.min_interruption_samples
+                and end - pause.speech_end >= self.resume_gap_samples):
+            return self._resume()
+        return []
+
+    def _confirm(self) -> list[e.Event]:
+        """The paused speech lasted: it cuts the reply, as a barge-in always did."""
+        pause, self.pause = self.pause, None
+        out: list[e.Event] = []
+        if self._playing:
+            out += self._cancel_response("barge_in")
+        self.interruptions += 1
+        out.append(e.InterruptionConfirmed(pause.onset))
+        return out
+
+    def _resume(self) -> list[e.Event]:
+        """A false interruption: the speech ended too soon; the reply goes on where it paused."""
+        pause, self.pause = self.pause, None
+        self.false_interruptions += 1
+        self.speech_start = None
+        turn = TurnState.RESPONDING if self.active_response is not None else TurnState.LISTENING
+        return [self._set_turn(turn),
+                e.OutputResumed(pause.response_id, pause.onset, pause.speech_end)]
 
     def _speech_stopped(self, cmd: c.SpeechStopped) -> list[e.Event]:
         at = require_count("at_sample", cmd.at_sample)
@@ -167,8 +240,13 @@ class Session:
         start = self.speech_start if self.speech_start is not None else at
         if at < start:
             raise InvalidCommand(f"speech stopped at {at}, before it started at {start}")
+        out: list[e.Event] = []
+        if self.pause is not None:
+            if at - self.pause.onset < self.min_interruption_samples:
+                return self._resume()
+            out += self._confirm()
         self.speech_start = None
-        return [self._set_turn(TurnState.LISTENING), e.UserTurnEnded(start, at)]
+        return [*out, self._set_turn(TurnState.LISTENING), e.UserTurnEnded(start, at)]
 
     def _start_response(self, _cmd: c.StartResponse) -> list[e.Event]:
         if self.active_response is not None:
@@ -304,6 +382,7 @@ class Session:
         self.flushed_samples += self.unplayed_samples
         self.sent_samples = self.played_samples
         self.responses.clear()
+        self.pause = None
         old = self.turn
         self.turn = TurnState.CLOSED
         return [e.TurnChanged(old, TurnState.CLOSED), e.Released(held)]
@@ -325,6 +404,8 @@ _HANDLERS = {
     c.InputDropped: Session._input_dropped,
     c.SpeechStarted: Session._speech_started,
     c.SpeechStopped: Session._speech_stopped,
+    c.VoiceActivity: Session._voice_activity,
+    c.SetInterruption: Session._set_interruption,
     c.StartResponse: Session._start_response,
     c.OutputChunkProduced: Session._output_chunk,
     c.ResponseCompleted: Session._response_completed,

@@ -20,6 +20,11 @@ class TurnDetector:
     silence_run: int = 0
     speech_end: int = 0
 
+    def forget_speech(self) -> None:
+        """End the current speech without a decision (it was judged a false interruption)."""
+        self.speaking = False
+        self.silence_run = 0
+
     def feed(self, prob: float, n_samples: int) -> SpeechStarted | SpeechStopped | None:
         """Account one chunk of `n_samples` whose speech probability is `prob`."""
         require_count("n_samples", n_samples)

@@ -11,11 +11,13 @@ speech probabilities, and the engine's side of a barge-in. `MediaClock` holds it
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
 
 from duplex.media import Resampler
+from duplex.media.echo import EchoGuard
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
@@ -23,6 +25,8 @@ from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
 from duplex.session.turn_detection import TurnDetector
 from duplex.transport.effects import EngineCancel, EnginePush, VadFeed
+
+SpeechCommand = cmd.SpeechStarted | cmd.SpeechStopped | cmd.VoiceActivity
 
 
 class ProtocolCore(Protocol):
@@ -36,7 +40,7 @@ class ProtocolCore(Protocol):
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Any]: ...
 
-    def on_engine_finished(self, epoch: int) -> list[Any]: ...
+    def on_engine_finished(self, epoch: int, reason: str) -> list[Any]: ...
 
     def on_engine_failed(self, message: str) -> list[Any]: ...
 
@@ -67,10 +71,12 @@ class MediaClock:
         self.pacer: OutputPacer[Any] = OutputPacer(lead_samples)
         self.model_output_rate = model_output_rate
         self._to_model = Resampler(rate, model_input_rate)
-        # soxr's HQ filter hands narrow-band input on in ~100 ms bursts, which would delay
-        # every speech decision (and so every barge-in) by up to a burst; the quick filter
-        # passes each frame straight through, and is plenty for a speech/no-speech decision.
-        self._to_vad = Resampler(rate, VAD_RATE, quality="QQ")
+        self.guard = EchoGuard(rate)
+        """What the speech detector hears: the microphone less the echo of our own reply."""
+        self._input_end = 0
+        self._input_lag: int | None = None
+        """The least (clock - input received) seen: input that came in that early was captured
+        when the clock read its end plus this, whatever the delay of the frames since."""
         self._from_model = Resampler(model_output_rate, rate)
         self.vad_chunk = VAD_CHUNK * rate // VAD_RATE
         """Clock samples behind each speech probability (silero's window at 16 kHz)."""
@@ -80,17 +86,29 @@ class MediaClock:
     def input_effects(self, pcm: np.ndarray, *, detect_speech: bool) -> list[EnginePush | VadFeed]:
         """Float32 on the session clock, on its way to the model and the speech detector."""
         out: list[EnginePush | VadFeed] = [EnginePush(self._to_model.process(pcm))]
+        self._input_end += len(pcm)
+        lag = self.core.now_sample - self._input_end
+        self._input_lag = lag if self._input_lag is None else min(self._input_lag, lag)
         if detect_speech:
-            out.append(VadFeed(self._to_vad.process(pcm)))
+            # The echo in this audio is of what played when it was captured, not when it came
+            # in: a late frame would otherwise shift the canceller's reference by its delay.
+            playhead = self.pacer.played(self._input_end + self._input_lag)
+            out.append(VadFeed(self.guard.clean(pcm, playhead)))
         return out
 
-    def speech_decisions(self, probs: list[float]) -> list[cmd.SpeechStarted | cmd.SpeechStopped]:
-        decisions = []
+    def speech_decisions(self, probs: list[float]) -> Iterator[SpeechCommand]:
+        """The detector's decisions, each followed by the chunk's activity (which judges a
+        paused reply's interruption), in input order. Lazily: a false interruption judged on
+        one chunk ends the detector's speech (`forget_speech`) before the next is fed."""
         for prob in probs:
             decision = self.detector.feed(prob, self.vad_chunk)
             if decision is not None:
-                decisions.append(decision)
-        return decisions
+                yield decision
+            yield cmd.VoiceActivity(self.detector.position, prob >= self.detector.threshold)
+
+    def forget_speech(self) -> None:
+        """A false interruption is over: the next speech is a new onset (and a new pause)."""
+        self.detector.forget_speech()
 
     # -- output -------------------------------------------------------------------------------
 
@@ -108,6 +126,8 @@ class MediaClock:
         """Advance the clock to `now`; the chunks due for release, each recorded as delivered."""
         if now > self.core.now_sample:
             self.core.handle(cmd.Tick(now))
+        if self.core.pause is not None:
+            return []
         due = self.pacer.due(now)
         if due:
             last = due[-1][0]

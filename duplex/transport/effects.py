@@ -104,3 +104,11 @@ class InvalidToolCall:
 
     name: str
     raw: str
+
+
+@dataclass(frozen=True)
+class InterruptionJudged:
+    """Speech over a reply was judged: it cut the reply (`confirmed`), or it was a false
+    interruption and the reply went on (counted)."""
+
+    confirmed: bool

@@ -231,12 +231,15 @@ async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process
         "before_start": FRAME, "out_of_order": FRAME}
     assert metric_values(metrics, "duplex_telephony_dtmf_total", "digit") == {"#": 1.0}
 
-    # One clear, once the caller talked over the reply, and counted as the call's one barge-in.
-    # How soon is the bench's business (a loaded host decides late); printed for a look.
+    # The reply paused as soon as the server heard the caller over it (no more media), and one
+    # clear came once the speech had lasted telephony.min_interruption_ms (400 ms by default),
+    # counted as the call's one barge-in. How soon is the bench's business; printed for a look.
     [clear_at] = peer.clears
     onset_sent = peer.taken[onset_frame][1]
     assert onset_sent < clear_at
     assert re.search(r"^duplex_barge_in_seconds_count 1\.0$", metrics, re.M)
+    assert re.search(r"^duplex_interruptions_total 1\.0$", metrics, re.M)
+    assert not [t for t, _ in peer.media_in if clear_at - 0.25 < t < clear_at]
     print(f"barge-in: onset sent -> clear at the peer {1000 * (clear_at - onset_sent):.0f} ms")
 
     # Nothing of the cancelled reply after the clear: the next audio is the next reply's.

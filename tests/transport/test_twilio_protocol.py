@@ -20,6 +20,7 @@ from duplex.transport.effects import (
     EngineCancel,
     EngineCommit,
     EnginePush,
+    InterruptionJudged,
     Send,
     VadFeed,
 )
@@ -38,6 +39,7 @@ from duplex.transport.twilio.twiml import stream_url, twiml, twiml_endpoint
 SID = "MZ0123456789abcdef"
 SPEECH, QUIET = 0.9, 0.1
 SILENCE_PROBS = 16  # 16 x 256 samples > 500 ms at 8 kHz ends a turn
+VAD_CHUNK_8K = 256
 
 
 class Peer:
@@ -217,7 +219,7 @@ def test_end_of_speech_starts_a_reply_sent_in_paced_20ms_frames_each_chunk_then_
 
 
 def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_mark():
-    p, peer = started(output_lead_ms=200)
+    p, peer = started(output_lead_ms=200, min_interruption_ms=0)
     epoch = in_reply(p, peer)
     for i in range(10):
         p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
@@ -259,7 +261,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
 
 
 def test_the_last_frame_is_padded_and_speech_over_the_unplayed_tail_still_clears():
-    p, peer = started()
+    p, peer = started(min_interruption_ms=0)
     epoch = in_reply(p, peer)
     p.on_engine_audio(epoch, np.full(700, 0.25, np.float32), "all ")
     p.on_engine_finished(epoch)
@@ -272,6 +274,41 @@ def test_the_last_frame_is_padded_and_speech_over_the_unplayed_tail_still_clears
     assert sent(effects) == [{"event": "clear", "streamSid": SID}]
     assert p.responses()[0] == {"id": 0, "epoch": epoch, "status": "cancelled",
                                 "sent_samples": 0, "heard_samples": 0, "transcript": ""}
+
+
+def test_speech_over_a_reply_pauses_it_a_cough_resumes_it_and_a_sentence_clears_it():
+    p, peer = started(output_lead_ms=200, min_interruption_ms=400, resume_gap_ms=200)
+    epoch = in_reply(p, peer)
+    for i in range(10):
+        p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
+    first = sent(p.release_output(0))
+    marks = [e["mark"]["name"] for e in first if e["event"] == "mark"]
+    peer.mark(marks[0])
+
+    # A cough: one chunk of speech. Nothing more is sent (no clear: what Twilio holds plays).
+    effects = p.on_vad([SPEECH])
+    assert not sent(effects) and not [e for e in effects if isinstance(e, EngineCancel)]
+    assert not sent(p.release_output(8000))
+    # Quiet after it until 400 ms from its onset: a false interruption, and the reply goes on
+    # from where it paused, on the same output track (the next chunk starts where the last
+    # one ended).
+    assert not p.on_vad([QUIET] * 11)
+    effects = p.on_vad([QUIET])
+    assert [e for e in effects if isinstance(e, InterruptionJudged)] == [InterruptionJudged(False)]
+    resumed = sent(p.release_output(8000))
+    names = [e["mark"]["name"] for e in resumed if e["event"] == "mark"]
+    assert names[0] == f"duplex.r0.e{epoch}.s3" and p.core.epoch == epoch
+    assert p.core.false_interruptions == 1
+
+    # Speech that lasts 400 ms cuts the reply as a barge-in always did.
+    effects = p.on_vad([SPEECH] * (400 * 8 // VAD_CHUNK_8K))
+    assert not [e for e in effects if isinstance(e, EngineCancel)]
+    effects = p.on_vad([SPEECH])
+    assert [e for e in effects if isinstance(e, EngineCancel)] == [EngineCancel(epoch + 1)]
+    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    assert InterruptionJudged(True) in effects
+    assert p.responses()[0]["status"] == "cancelled"
+    assert (p.core.interruptions, p.core.false_interruptions) == (1, 1)
 
 
 def test_dtmf_reaches_the_session_and_the_end_call_digit_hangs_up_normally():

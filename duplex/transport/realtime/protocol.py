@@ -44,6 +44,7 @@ from duplex.transport.effects import (
     EnginePushText,
     EngineSetDuplex,
     FlushAudio,
+    InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
     Send,
@@ -64,12 +65,15 @@ from duplex.transport.realtime.duplex_mode import (
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.replies import G711_LAWS, Replies
 from duplex.transport.realtime.session_config import (
+    RESUME_GAP_MS,
     ConfigError,
     ResponseSettings,
     SessionSettings,
     Voices,
     beta_session,
     ga_session,
+    min_interruption_ms,
+    noise_reduction_type,
     response_settings,
     updated_beta,
     updated_ga,
@@ -106,6 +110,7 @@ Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
+    | InterruptionJudged
 )
 
 
@@ -191,6 +196,9 @@ class RealtimeProtocol:
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
+        self._held_onset: int | None = None
+        """Onset of speech that paused the reply, whose speech_started waits for its judgement."""
+        self._apply_interruption()
         # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
         self._g711_in = Resampler(8000, RATE, quality="QQ")
         self.events = EventWriter(beta)
@@ -488,6 +496,14 @@ class RealtimeProtocol:
         self.settings = new
         if detection_changed:
             self.clock.detector = self._new_detector()
+        self._apply_interruption()
+
+    def _apply_interruption(self) -> None:
+        """turn_detection.min_interruption_ms and audio.input.noise_reduction, into the core and
+        the echo guard."""
+        self.core.handle(cmd.SetInterruption(
+            min_interruption_ms(self.turn_detection) * RATE // 1000, RESUME_GAP_MS * RATE // 1000))
+        self.clock.guard.set_strength(noise_reduction_type(self.settings))
 
     def _on_input_audio_buffer_append(self, event: schema.Append, out: list[Effect]) -> None:
         self._append_base64(event.audio, "audio", out)
@@ -744,25 +760,64 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.turn_detection is None or self.closed:
             return out
-        for decision in self.clock.speech_decisions(probs):
+        for command in self.clock.speech_decisions(probs):
             if self.segments is not None:
-                self._duplex_speech(out, decision)
-            elif isinstance(decision, cmd.SpeechStarted):
-                self._speech_started(out, decision.at_sample)
-            elif isinstance(decision, cmd.SpeechStopped):
-                self._speech_stopped(out, decision.at_sample)
+                if isinstance(command, (cmd.SpeechStarted, cmd.SpeechStopped)):
+                    self._duplex_speech(out, command)
+            elif isinstance(command, cmd.SpeechStarted):
+                self._speech_started(out, command.at_sample)
+            elif isinstance(command, cmd.SpeechStopped):
+                self._speech_stopped(out, command.at_sample)
+            else:
+                self._judge(out, self.core.handle(command))
         return out
 
     def _speech_started(self, out: list[Effect], at: int) -> None:
         self.speech_item_id = self._id("item")
+        if self.response is not None and not self.turn_detection.interrupt_response:
+            self._announce_speech(out, at)
+            return
+        # The core pauses a playing reply (or, with no minimum, cuts it: epoch bump, flush,
+        # transcript cut at the playback watermark).
+        events = self.core.handle(cmd.SpeechStarted(at))
+        paused = next((e for e in events if isinstance(e, ev.OutputPaused)), None)
+        if paused is None:
+            self._announce_speech(out, at)
+        else:
+            # A client that hears speech_started stops its own playback: it is told only once
+            # the speech has lasted, so a cough leaves the reply playing there too.
+            self._held_onset = at
+            self._duplex_event(out, "duplex.output.paused", audio_start_ms=at * 1000 // RATE)
+        self._judge(out, events)
+
+    def _announce_speech(self, out: list[Effect], at: int) -> None:
+        self._held_onset = None
         start = max(0, at - self.detector.prefix_samples)
         self._emit(out, "input_audio_buffer.speech_started",
                    audio_start_ms=start * 1000 // RATE, item_id=self.speech_item_id)
-        if self.response is not None and not self.turn_detection.interrupt_response:
-            return
-        # The core turns speech over a playing reply into a barge-in: epoch bump, flush,
-        # transcript cut at the playback watermark.
-        self._apply_core_events(out, self.core.handle(cmd.SpeechStarted(at)))
+
+    def _judge(self, out: list[Effect], events: list[ev.Event]) -> None:
+        """Core events of speech over a reply: a confirmed interruption says speech_started
+        (if it was held) before the reply's cancellation; a false one lets the reply go on."""
+        for e in events:
+            if isinstance(e, ev.InterruptionConfirmed):
+                out.append(InterruptionJudged(True))
+                if self._held_onset is not None:
+                    self._announce_speech(out, e.onset)
+            elif isinstance(e, ev.OutputResumed):
+                out.append(InterruptionJudged(False))
+                self._held_onset = None
+                self.speech_item_id = None
+                self.clock.forget_speech()
+                self._duplex_event(out, "duplex.output.resumed",
+                                   audio_start_ms=e.onset * 1000 // RATE,
+                                   audio_end_ms=e.speech_end * 1000 // RATE)
+        self._apply_core_events(out, events)
+
+    def _duplex_event(self, out: list[Effect], type_: str, **fields: Any) -> None:
+        if self.settings.duplex_events:
+            response_id = self.response.id if self.response is not None else None
+            self._emit(out, type_, response_id=response_id, **fields)
 
     def _duplex_speech(self, out: list[Effect], decision) -> None:
         """In duplex, user speech is information: it neither interrupts nor ends a turn (the
@@ -779,7 +834,10 @@ class RealtimeProtocol:
             self.speech_item_id = None
 
     def _speech_stopped(self, out: list[Effect], at: int) -> None:
-        self._apply_core_events(out, self.core.handle(cmd.SpeechStopped(at)))
+        events = self.core.handle(cmd.SpeechStopped(at))
+        self._judge(out, events)
+        if any(isinstance(e, ev.OutputResumed) for e in events):
+            return
         item_id = self.speech_item_id or self._id("item")
         self._emit(out, "input_audio_buffer.speech_stopped", audio_end_ms=at * 1000 // RATE,
                    item_id=item_id)

@@ -201,6 +201,7 @@ class Replies:
             self._finish(out)
 
     def _send_chunk(self, out: list, chunk: ev.OutputChunk, audio: np.ndarray) -> None:
+        self.clock.guard.played(chunk.start_sample, audio)
         r = self.active
         where = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
         if r.settings.audio and self.media_track:

@@ -29,6 +29,9 @@ class TurnDetection(_Loose):
     interrupt_response: bool = True
     idle_timeout_ms: Annotated[int, Field(ge=5_000, le=30_000)] | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    min_interruption_ms: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    """duplex extension: speech over a reply pauses it, and cancels it only once it has lasted
+    this long; None: the server's default (DEFAULT_MIN_INTERRUPTION_MS), 0: cancel at once."""
 
 
 class Transcription(_Loose):

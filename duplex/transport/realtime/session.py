@@ -45,6 +45,7 @@ from duplex.transport.effects import (
     EnginePushImage,
     EnginePushText,
     FlushAudio,
+    InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
 )
@@ -293,6 +294,9 @@ class RealtimeSession(SessionLoop):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):
             self._transcribe(effect)
+        elif isinstance(effect, InterruptionJudged):
+            if self.metrics is not None:
+                self.metrics.count_interruption(effect.confirmed)
         elif isinstance(effect, InvalidToolCall):
             log.warning("session %s: the model wrote a tool call that is not JSON: %r",
                         self.session_id, effect.raw[:200])

@@ -19,6 +19,11 @@ from models.reply import ReplySpec, Truncation
 BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FLAT_FORMATS = {v: k for k, v in BETA_FORMATS.items()}
 DEFAULT_VOICE = "alloy"
+DEFAULT_MIN_INTERRUPTION_MS = 400
+"""Speech over a reply shorter than this (a cough, a click, a "mhm") pauses the reply and lets
+it go on; longer speech cancels it."""
+RESUME_GAP_MS = 200
+"""Quiet after a paused reply's speech that ends it as a false interruption."""
 
 
 class ConfigError(ValueError):
@@ -179,6 +184,17 @@ def updated_beta(current: SessionSettings, data: dict[str, Any]) -> SessionSetti
     return new
 
 
+def min_interruption_ms(td: schema.TurnDetection | None) -> int:
+    """0 (cancel at once) without turn detection: a client's own turns are not judged."""
+    if td is None:
+        return 0
+    return DEFAULT_MIN_INTERRUPTION_MS if td.min_interruption_ms is None else td.min_interruption_ms
+
+
+def noise_reduction_type(s: SessionSettings) -> str | None:
+    return None if s.noise_reduction is None else s.noise_reduction.get("type")
+
+
 def format_wire(fmt: str) -> dict[str, Any]:
     return {"type": fmt, "rate": RATE} if fmt == "audio/pcm" else {"type": fmt}
 
@@ -191,9 +207,12 @@ def turn_detection_wire(td: schema.TurnDetection | None) -> dict[str, Any] | Non
     if td is None:
         return None
     if td.type == "semantic_vad":
-        return {"type": td.type, "eagerness": td.eagerness or "auto",
+        wire = {"type": td.type, "eagerness": td.eagerness or "auto",
                 "create_response": td.create_response,
                 "interrupt_response": td.interrupt_response}
+        if td.min_interruption_ms is not None:
+            wire["min_interruption_ms"] = td.min_interruption_ms
+        return wire
     if td.type == "duplex":
         # The model decides when to reply and nothing interrupts it: those settings mean nothing.
         return td.model_dump(include={"type", "threshold", "prefix_padding_ms",

@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from duplex.media import float_to_g711, g711_to_float
+from duplex.media.echo import STRENGTHS
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.turn_detection import TurnDetector
@@ -42,6 +43,7 @@ from duplex.transport.effects import (
     EngineCommit,
     EnginePush,
     EngineSetDuplex,
+    InterruptionJudged,
     Send,
     VadFeed,
 )
@@ -102,7 +104,7 @@ class Notice:
 
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
-    | Rejected | DtmfReceived | BargedIn | Notice | EngineSetDuplex
+    | Rejected | DtmfReceived | BargedIn | Notice | EngineSetDuplex | InterruptionJudged
 )
 
 
@@ -117,6 +119,17 @@ class Options:
     """Silence after speech that ends the caller's turn."""
     duplex: bool = False
     """Run the call natively full duplex (a model with a duplex mode), not turn by turn."""
+    min_interruption_ms: int = 400
+    """Speech over a reply pauses it; only speech this long cancels it (0: at once)."""
+    resume_gap_ms: int = 200
+    """Quiet after a paused reply's speech that ends it as a false interruption."""
+    noise_reduction: str | None = None
+    """The echo guard's strength: None, near_field or far_field (duplex.media.echo)."""
+
+    def __post_init__(self) -> None:
+        if self.noise_reduction not in STRENGTHS:
+            raise ValueError(f"noise_reduction must be one of {list(STRENGTHS)}, "
+                             f"not {self.noise_reduction!r}")
 
 
 @dataclass
@@ -148,6 +161,10 @@ class TwilioProtocol:
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
+        o = self.options
+        self.core.handle(cmd.SetInterruption(o.min_interruption_ms * RATE // 1000,
+                                             o.resume_gap_ms * RATE // 1000))
+        self.clock.guard.set_strength(o.noise_reduction)
         self.stream: schema.StartBody | None = None
         self.last_seq = 0
         self.reply: Reply | None = None
@@ -305,24 +322,42 @@ class TwilioProtocol:
         out: list[Effect] = []
         if self.closed or self.stream is None:
             return out
-        for decision in self.clock.speech_decisions(probs):
+        for command in self.clock.speech_decisions(probs):
             if self.duplex:
                 # The model hears the caller in the same frames and decides for itself.
-                out.append(Notice(f"caller speech {type(decision).__name__} at sample "
-                                  f"{decision.at_sample}"))
-            elif isinstance(decision, cmd.SpeechStarted):
-                out.append(Notice(f"speech started at sample {decision.at_sample}"))
-                # Speech over a playing reply is a barge-in in the core: epoch bump, flush,
-                # transcript cut at the last echoed mark.
-                events = self.core.handle(decision)
-                self._apply_core_events(out, events)
-                if any(isinstance(e, ev.Flush) for e in events):
-                    out.append(BargedIn(decision.at_sample))
-            elif isinstance(decision, cmd.SpeechStopped):
-                out.append(Notice(f"speech stopped at sample {decision.at_sample}"))
-                self.core.handle(decision)
-                self._start_reply(out)
+                if isinstance(command, (cmd.SpeechStarted, cmd.SpeechStopped)):
+                    out.append(Notice(f"caller speech {type(command).__name__} at sample "
+                                      f"{command.at_sample}"))
+            elif isinstance(command, cmd.SpeechStarted):
+                out.append(Notice(f"speech started at sample {command.at_sample}"))
+                # Speech over a playing reply pauses it (or, with no minimum, is a barge-in:
+                # epoch bump, flush, transcript cut at the last echoed mark).
+                self._judge(out, self.core.handle(command))
+            elif isinstance(command, cmd.SpeechStopped):
+                events = self.core.handle(command)
+                self._judge(out, events)
+                if any(isinstance(e, ev.UserTurnEnded) for e in events):
+                    out.append(Notice(f"speech stopped at sample {command.at_sample}"))
+                    self._start_reply(out)
+            else:
+                self._judge(out, self.core.handle(command))
         return out
+
+    def _judge(self, out: list[Effect], events: list[ev.Event]) -> None:
+        for e in events:
+            if isinstance(e, ev.OutputPaused):
+                out.append(Notice(f"response {e.response_id} paused: speech at sample {e.onset}"))
+            elif isinstance(e, ev.InterruptionConfirmed):
+                out.append(InterruptionJudged(True))
+                out.append(Notice(f"interruption confirmed: speech from sample {e.onset}"))
+                if any(isinstance(x, ev.Flush) for x in events):
+                    out.append(BargedIn(e.onset))
+            elif isinstance(e, ev.OutputResumed):
+                out.append(InterruptionJudged(False))
+                out.append(Notice(f"response {e.response_id} resumed: false interruption, "
+                                  f"speech from sample {e.onset} to {e.speech_end}"))
+                self.clock.forget_speech()
+        self._apply_core_events(out, events)
 
     def _start_reply(self, out: list[Effect], commit: bool = True) -> None:
         events = self.core.handle(cmd.StartResponse())
@@ -356,7 +391,7 @@ class TwilioProtocol:
             self._queue(self.clock.reply_audio(pcm), text, last=False)
         return []
 
-    def on_engine_finished(self, epoch: int) -> list[Effect]:
+    def on_engine_finished(self, epoch: int, reason: str = "completed") -> list[Effect]:
         r = self.reply
         if r is not None and epoch == r.epoch and not self.closed:
             self._queue(self.clock.reply_tail(), "", last=True)
@@ -421,6 +456,7 @@ class TwilioProtocol:
         return out
 
     def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, payload: bytes) -> None:
+        self.clock.guard.played(chunk.start_sample, g711_to_float(payload, "ulaw"))
         sid = self.stream.streamSid
         for i in range(0, len(payload), FRAME):
             out.append(Send({"event": "media", "streamSid": sid,

@@ -21,6 +21,7 @@ from duplex.transport.twilio.protocol import (
     RATE,
     BargedIn,
     DtmfReceived,
+    InterruptionJudged,
     Notice,
     Options,
     Rejected,
@@ -67,6 +68,8 @@ class TwilioSession(SessionLoop):
             self.metrics.barge_in.observe(max(0, self.now_sample() - effect.onset_sample) / RATE)
         elif isinstance(effect, Notice):
             log.info("twilio call %s: %s", sid, effect.message)
+        elif isinstance(effect, InterruptionJudged):
+            self.metrics.count_interruption(effect.confirmed)
         else:
             return await super().carry_out(effect)
         return False
