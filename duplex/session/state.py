@@ -251,9 +251,13 @@ class Session:
     def _start_response(self, _cmd: c.StartResponse) -> list[e.Event]:
         if self.active_response is not None:
             raise InvalidCommand(f"response {self.active_response.id} is already in progress")
+        out: list[e.Event] = []
+        if self.pause is not None:
+            # A new reply while speech holds an old one paused: the old one will not resume,
+            # so the speech has cut it (judged now, or its audio would sit before the new).
+            out += self._confirm()
         response = Response(id=len(self.responses), epoch=self.epoch, start_sample=self.sent_samples)
         self.responses.append(response)
-        out: list[e.Event] = []
         if self.turn is not TurnState.RESPONDING:
             out.append(self._set_turn(TurnState.RESPONDING))
         out.append(e.ResponseStarted(response.id, self.epoch, response.start_sample))

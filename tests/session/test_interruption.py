@@ -1,7 +1,7 @@
 """Speech over a reply pauses it; long speech cancels it, short speech resumes it: the session
 core's side of `turn_detection.min_interruption_ms`, under arbitrary command sequences."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from duplex.session import (
@@ -94,6 +94,9 @@ def test_a_pause_holds_the_reply_in_place_until_its_speech_is_judged(cmds):
 
 @run_settings
 @given(st.lists(commands, max_size=60))
+# A client's new reply while speech holds a cancelled one paused: the pause is judged then.
+@example([StartResponse(), SpeechStarted(0), Cancel("client_cancelled"), StartResponse(),
+          SpeechStarted(0)])
 def test_every_pause_is_judged_once_and_counted(cmds):
     s = paused_session()
     paused = confirmed = resumed = 0
