@@ -344,6 +344,7 @@ class TwilioProtocol:
         return out
 
     def _judge(self, out: list[Effect], events: list[ev.Event]) -> None:
+        barged: BargedIn | None = None
         for e in events:
             if isinstance(e, ev.OutputPaused):
                 out.append(Notice(f"response {e.response_id} paused: speech at sample {e.onset}"))
@@ -351,13 +352,16 @@ class TwilioProtocol:
                 out.append(InterruptionJudged(True))
                 out.append(Notice(f"interruption confirmed: speech from sample {e.onset}"))
                 if any(isinstance(x, ev.Flush) for x in events):
-                    out.append(BargedIn(e.onset))
+                    barged = BargedIn(e.onset)
             elif isinstance(e, ev.OutputResumed):
                 out.append(InterruptionJudged(False))
                 out.append(Notice(f"response {e.response_id} resumed: false interruption, "
                                   f"speech from sample {e.onset} to {e.speech_end}"))
                 self.clock.forget_speech()
         self._apply_core_events(out, events)
+        if barged is not None:
+            # Timed from the speech's onset to the clear just sent.
+            out.append(barged)
 
     def _start_reply(self, out: list[Effect], commit: bool = True) -> None:
         events = self.core.handle(cmd.StartResponse())
