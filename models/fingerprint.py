@@ -25,7 +25,9 @@ def fingerprint(module: torch.nn.Module, config, *extra: object) -> str:
         for name, tensor in module.state_dict().items():
             flat = tensor.detach().reshape(-1)
             h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.device.type}".encode())
-            if flat.numel() > SAMPLE:
-                flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=flat.device).long()]
+            n = flat.numel()
+            if n > SAMPLE:
+                # Integer spacing: a float32 linspace rounds past the last index of a large tensor.
+                flat = flat[torch.arange(SAMPLE, device=flat.device) * (n - 1) // (SAMPLE - 1)]
             h.update(flat.float().cpu().numpy().tobytes())
     return h.hexdigest()

@@ -87,9 +87,11 @@ def test_a_pause_holds_the_reply_in_place_until_its_speech_is_judged(cmds):
             if isinstance(e, InterruptionConfirmed):
                 assert before[4] is not None and s.pause is None
                 assert e.onset == before[4].onset
-                reached = (cmd.end_sample if isinstance(cmd, VoiceActivity)
-                           else cmd.at_sample)
-                assert reached - e.onset >= MIN
+                # Speech that lasted, or a new reply that supersedes the paused one.
+                if not isinstance(cmd, StartResponse):
+                    reached = (cmd.end_sample if isinstance(cmd, VoiceActivity)
+                               else cmd.at_sample)
+                    assert reached - e.onset >= MIN
 
 
 @run_settings
