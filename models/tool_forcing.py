@@ -11,9 +11,11 @@ template teaches it), so the constraint is that convention with the name as the 
   heads form a trie of token ids: each step allows the children of the node reached.
 - arguments: free, while the object's braces are tracked on each token's decoded text (strings
   and escapes respected).
-- close: once the object closes, the tokens of what is left of `}\\n</tool_call>`, then the
-  end of the turn. When the reply's token budget could just hold the closing, the object is
-  closed where it stands (open string, open braces), so a forced call always ends as a call.
+- close: once the object closes, the tokens of what is left of `}\n</tool_call>`, then the
+  end of the turn (a model that writes the closing tag inside its arguments has ended the
+  call itself: the end of the turn follows). When the reply's token budget could just hold
+  the closing (and a margin), the arguments are closed where they stand (open string, open
+  brackets), so a forced call ends as a call within the reply's limit.
 
 Pure: a per-reply state machine over token ids and their text, no tensors.
 """
@@ -24,7 +26,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-CLOSE = "}\n</tool_call>"
+CLOSE_TAG = "</tool_call>"
+CLOSE = "}\n" + CLOSE_TAG
+MARGIN = 4
+"""Tokens kept free for what the next free token may open: a token that opens more brackets
+or strings than that, just before the limit, leaves the call unclosed when the reply is cut
+(then reported as it stands, not JSON)."""
 _END = -1
 """Trie key marking the end of a head."""
 
@@ -51,7 +58,7 @@ class CallForcing:
         self._encode, self._eos = encode, eos
         self._node: dict[int, Any] = {}
         heads = [encode(head_text(name)) for name in names]
-        self.overhead = max(map(len, heads)) + len(encode(CLOSE)) + 1
+        self.overhead = max(map(len, heads)) + len(encode("}" + CLOSE)) + 1
         """Tokens of the longest call with empty arguments, its end of turn included."""
         for head in heads:
             node = self._node
@@ -62,6 +69,7 @@ class CallForcing:
         self._open, self._in_string, self._escape = "{", False, False
         """The arguments' unclosed brackets, innermost last; a string being written."""
         self._tail: list[int] = []
+        self._arguments = ""
 
     def allowed(self, budget: int) -> list[int] | None:
         """The token ids the next token must be one of; None when any may come. `budget`:
@@ -70,7 +78,7 @@ class CallForcing:
             return [t for t in self._node if t != _END]
         if self.phase == "arguments":
             closing = self._encode(self._closing())
-            if budget > len(closing) + 1:
+            if budget > len(closing) + 1 + MARGIN:
                 return None
             self.phase, self._tail = "close", closing
         if self.phase == "close" and self._tail:
@@ -84,7 +92,13 @@ class CallForcing:
             if _END in self._node and len(self._node) == 1:
                 self.phase = "arguments"
         elif self.phase == "arguments":
-            self._scan(text)
+            self._arguments += text
+            if CLOSE_TAG in self._arguments:
+                # The model closed the call inside its arguments: it is over, as a parser
+                # reads it (a call that is not JSON), and so is the reply.
+                self.phase = "end"
+            else:
+                self._scan(text)
         elif self.phase == "close":
             self._tail.pop(0)
             if not self._tail:
