@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from duplex.engine.thinker_text import CallDone, Speech, ThinkerText
 from models.base import TextTurn
+from models.echo import EchoModel
 from models.qwen3_omni.adapter import Qwen3OmniAdapter
 from models.reply import ReplySpec
 from models.tool_forcing import CallForcing, forced_names
@@ -163,3 +164,14 @@ def iter_forced(forcing: CallForcing):
         [token] = allowed
         forcing.advance(token, chr(token))
         yield token
+
+
+def test_the_echo_oracle_replies_with_its_input_whatever_the_tool_choice():
+    model = EchoModel()
+    st = model.new_state("e")
+    model.thinker_prefill([st], [TextTurn("no call here")])
+    model.begin_response(st, ReplySpec(tools=TOOLS, tool_choice=NAMED))
+    text = ""
+    while not (tok := model.thinker_decode([st])[0]).finished:
+        text += tok.text
+    assert text + tok.text == "no call here"
