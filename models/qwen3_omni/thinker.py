@@ -396,6 +396,8 @@ class Thinker:
         a forced token is the template's, even where free text may not write it."""
         allowed = sess.forcing.allowed(sess.budget - len(sess.token_ids))
         if allowed is None:
+            # Free arguments, but the turn does not end before the call does.
+            logits[b, self.eos_ids] = -math.inf
             return
         keep = torch.tensor(allowed, device=logits.device)
         logits[b] = -math.inf
