@@ -10,7 +10,9 @@ for frame, silence included, so the duplex timeline is testable exactly; a voice
 transcript is "frameK " where K is the index of the input frame it repeats. After text (a user text item, or a tool's output)
 the reply's text is that text verbatim, written a word at a time through the same Thinker-output
 handling a real checkpoint's text goes through (so a `<tool_call>` block in it comes back as a
-function call); each word is voiced as one frame of a quiet tone.
+function call); each word is voiced as one frame of a quiet tone. `tool_choice` changes
+nothing: an oracle that rewrote its input into a call would no longer be exact, and a test
+that wants a call sends one.
 """
 
 from __future__ import annotations

@@ -242,9 +242,14 @@ class Qwen3OmniAdapter(DuplexModel):
             raise ValueError(f"unknown voice {spec.voice!r}; have {', '.join(self.voices)}")
         sess.temperature = spec.temperature
         sess.truncation = spec.truncation
-        # The chat template has no tool choice; a model never told of the tools calls none.
+        # The chat template has no tool choice; a model never told of the tools calls none,
+        # and "required" or a named function is enforced by constraining the reply's tokens.
         tools = () if spec.tool_choice == "none" else spec.tools
         self._thinker.begin(sess, spec.instructions, tools)
+        sess.forcing = self._thinker.forcing(spec.tool_choice, spec.tools)
+        sess.token_limit = self.options.max_text_tokens + (
+            sess.forcing.overhead if sess.forcing else 0)
+        sess.budget = min(sess.token_limit, spec.max_output_tokens or sess.token_limit)
 
     @torch.inference_mode()
     def thinker_decode(self, states: list[ModelState]) -> list[ThinkerToken]:

@@ -18,6 +18,7 @@ from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
 from models.qwen3_omni.options import Stream
 from models.reply import Truncation
+from models.tool_forcing import CallForcing
 
 OTHER, USER, PREFIX = 0, 1, 2
 """Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
@@ -62,6 +63,14 @@ class Session:
     voice: str = ""
     temperature: float | None = None
     """This reply's; None for the adapter's own Thinker sampling."""
+    forcing: CallForcing | None = None
+    """This reply's tool_choice constraint ("required" or a named function); None: free."""
+    token_limit: int = 0
+    """Thinker tokens after which the adapter ends this reply (a forced call's own tokens
+    come on top of the adapter's reply length)."""
+    budget: int = 0
+    """Tokens this reply may write at most: the adapter's limit, or the reply's if lower
+    (past which the engine cuts it); a forced call closes within it."""
     truncation: Truncation = field(default_factory=Truncation)
     """The session's policy when the context fills (set with each reply)."""
     dropped: int = 0
@@ -120,7 +129,7 @@ class Session:
             self.pools.talker.release(self.talker_slot, self.sid)
         if self.codec_row is not None:
             self.pools.codec.release(self.codec_row, self.sid)
-        self.responding, self.thinker_done = False, True
+        self.responding, self.thinker_done, self.forcing = False, True, None
         self.talker_slot, self.talker_pos, self.codec_row = None, 0, None
         self.talker_prefix, self.last_codes = None, None
         self.text_queue.clear()

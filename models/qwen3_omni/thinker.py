@@ -27,6 +27,7 @@ from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
+from models.tool_forcing import CallForcing, forced_names
 
 
 class ContextTooLong(ValueError):
@@ -69,6 +70,17 @@ class Thinker:
         the chat template lays it out); later ones wait for the next reply (`begin`)."""
         if sess.next_pos == sess.keep:
             self._system_turn(sess, self._system_text(instructions, tools))
+
+    def forcing(self, tool_choice: str | dict[str, Any],
+                tools: tuple[dict[str, Any], ...]) -> CallForcing | None:
+        """The constraint that makes a reply a call, when the tool choice asks for one."""
+        names = forced_names(tool_choice, tools)
+        if not names:
+            return None
+        return CallForcing(names, self._encode, self.ids["im_end"])
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _system_text(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> str:
         return render_system(instructions or self.options.system_prompt or "", tools)
@@ -347,21 +359,26 @@ class Thinker:
             embed = self.module.get_input_embeddings()
             last = self.forward(active)
             logits = self.module.lm_head(last).float()
+            raw = logits.clone() if any(s.forcing for s in active) else logits
             logits[:, self.suppress] = -math.inf
             opts = self.options
             for b, sess in enumerate(active):
                 if len(sess.token_ids) < opts.min_text_tokens:
                     logits[b, self.eos_ids] = -math.inf
+                if sess.forcing is not None:
+                    self._constrain(logits, raw, b, sess)
             base = opts.thinker_sampling
             samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
                          for s in active]
             tokens = sample_rows(logits, samplings, [s.thinker_gen for s in active])
             conditioning = self.talker.conditioning(embed(tokens))
             for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
+                if sess.forcing is not None:
+                    sess.forcing.advance(tok, self.tokenizer.decode([tok]))
                 sess.last_token = tok
                 is_eos = tok in self.ids["eos"]
                 sess.token_ids.append(tok)
-                sess.thinker_done = is_eos or len(sess.token_ids) >= opts.max_text_tokens
+                sess.thinker_done = is_eos or len(sess.token_ids) >= sess.token_limit
                 usage = None
                 if len(sess.token_ids) == 1:
                     usage = {"input_tokens": self.kv.length[sess.thinker_slot],
@@ -372,6 +389,19 @@ class Thinker:
                     self._detokenize(sess), conditioning[b], sess.thinker_done, tok, usage
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
+
+    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, b: int, sess: Session) -> None:
+        """Row `b` keeps only the tokens the reply's forced call allows, with the model's own
+        scores (so sampling still chooses among tool names), the suppressed ones included:
+        a forced token is the template's, even where free text may not write it."""
+        allowed = sess.forcing.allowed(sess.budget - len(sess.token_ids))
+        if allowed is None:
+            # Free arguments, but the turn does not end before the call does.
+            logits[b, self.eos_ids] = -math.inf
+            return
+        keep = torch.tensor(allowed, device=logits.device)
+        logits[b] = -math.inf
+        logits[b, keep] = raw[b, keep]
 
     def _text_tokens(self, turn: TextTurn) -> list[int]:
         """A tool's output goes in the user turn inside the template's tool_response tags."""
