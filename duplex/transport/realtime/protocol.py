@@ -26,6 +26,7 @@ from duplex.media import (
     pcm16_to_float,
 )
 from duplex.media.pcm import PcmError
+from duplex.media.rates import ASR_RATE
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
@@ -80,8 +81,6 @@ from duplex.transport.realtime.session_config import (
 )
 
 INPUT_TRACK = "input_audio"
-ASR_RATE = 16000
-"""The recognisers' rate (Whisper's)."""
 OPENAI_TRANSCRIBE = "whisper-1"
 """What a transcription config without a model asks for: the server's configured recogniser."""
 
