@@ -42,7 +42,7 @@ class Items:
             raise ProtocolError("item_not_found", f"Item '{item_id}' does not exist.", "item_id")
         return item
 
-    def create(self, event: schema.ItemCreate, out: list) -> None:
+    def create(self, out: list, event: schema.ItemCreate) -> None:
         kind = event.item.get("type", "message")
         model = schema.ITEM_TYPES.get(kind) if isinstance(kind, str) else None
         if model is None:
@@ -61,7 +61,7 @@ class Items:
         if self.conversation.find(item_id):
             raise ProtocolError("item_already_exists", f"Item '{item_id}' already exists.", "item.id")
         if isinstance(item, schema.MessageItem):
-            record = self._message(item_id, item, out)
+            record = self._message(out, item_id, item)
         elif isinstance(item, schema.FunctionCallItem):
             record = Item(item_id, type="function_call", call_id=item.call_id, name=item.name,
                           arguments=item.arguments)
@@ -81,7 +81,7 @@ class Items:
         self.events.emit(out, "conversation.item.done", item=record.as_wire(),
                          previous_item_id=previous)
 
-    def _message(self, item_id: str, item: schema.MessageItem, out: list) -> Item:
+    def _message(self, out: list, item_id: str, item: schema.MessageItem) -> Item:
         first = item.content[0] if item.content else None
         if first is None:
             raise ProtocolError("invalid_value", "An item needs at least one content part.",
@@ -103,16 +103,16 @@ class Items:
         return Item(item_id, role=item.role, content_type=first.type, text=first.text,
                     transcript=first.transcript)
 
-    def delete(self, event: schema.ItemRef, out: list) -> None:
+    def delete(self, out: list, event: schema.ItemRef) -> None:
         item = self._find(event.item_id)
         self.conversation.remove(item)
         self.events.emit(out, "conversation.item.deleted", item_id=item.id)
 
-    def retrieve(self, event: schema.ItemRef, out: list) -> None:
+    def retrieve(self, out: list, event: schema.ItemRef) -> None:
         self.events.emit(out, "conversation.item.retrieved",
                          item=self._find(event.item_id).as_wire())
 
-    def truncate(self, event: schema.ItemTruncate, out: list) -> None:
+    def truncate(self, out: list, event: schema.ItemTruncate) -> None:
         item = self.conversation.find(event.item_id)
         if item is None or item.response_id is None or item.content_type != "output_audio":
             raise ProtocolError("item_not_found",
