@@ -14,6 +14,7 @@ from typing import Any
 
 from duplex.engine.payload import INPUT_KINDS, Kind, Payload
 from duplex.engine.thinker_text import Piece, Speech, ThinkerText
+from duplex.media.rates import REALTIME_RATE
 from models.base import TalkerFrame, TextTurn, ThinkerToken
 from models.reply import ReplySpec
 
@@ -241,7 +242,8 @@ class SchedulerConfig:
     """When one session's Talker is due, sessions due within this much later join its batch."""
     encode_wait_s: float = 0.03
     """Input chunks and frames wait up to this long so several sessions share one encode."""
-    output_rate: int = 24000
+    output_rate: int = REALTIME_RATE
+    """The model's output rate; the engine sets it from the model."""
 
 
 class Scheduler:

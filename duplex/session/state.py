@@ -70,13 +70,10 @@ class Session:
         self,
         session_id: str,
         *,
-        sample_rate: int = 24000,
-        video_interval_samples: int = 12000,
+        video_interval_samples: int,
     ) -> None:
-        require_count("sample_rate", sample_rate, positive=True)
         require_count("video_interval_samples", video_interval_samples, positive=True)
         self.id = session_id
-        self.sample_rate = sample_rate
         self.video_interval_samples = video_interval_samples
         self.tracks: dict[str, TrackCounters] = {}
         self.turn = TurnState.LISTENING

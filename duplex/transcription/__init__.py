@@ -4,7 +4,7 @@ Importing this package loads no model and no torch: recognisers load on first us
 transcription worker thread.
 """
 
-from .recognizer import SAMPLE_RATE, Recognizer
+from .recognizer import Recognizer
 from .registry import OPENAI_NAMES, RecognizerRegistry, UnknownModelError
 from .service import (
     INVALID_AUDIO,
@@ -31,7 +31,6 @@ __all__ = [
     "OPENAI_NAMES",
     "QUEUE_FULL",
     "RECOGNITION_FAILED",
-    "SAMPLE_RATE",
     "STOPPED",
     "CTranslate2Whisper",
     "Recognizer",

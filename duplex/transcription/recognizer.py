@@ -8,8 +8,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SAMPLE_RATE = 16000
-
 
 def as_pcm(pcm: np.ndarray) -> np.ndarray:
     """The audio as 1-D float32, or ValueError naming what is wrong with it."""

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .recognizer import SAMPLE_RATE, Recognizer, as_pcm
+from duplex.media.rates import ASR_RATE
+
+from .recognizer import Recognizer, as_pcm
 
 log = logging.getLogger("duplex.transcription")
 
@@ -63,7 +65,7 @@ class _Request:
     def result(
         self, text: str = "", error: TranscriptionError | None = None
     ) -> TranscriptionResult:
-        return TranscriptionResult(text, self.recognizer.name, len(self.pcm) / SAMPLE_RATE, error)
+        return TranscriptionResult(text, self.recognizer.name, len(self.pcm) / ASR_RATE, error)
 
 
 class TranscriptionService:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .recognizer import SAMPLE_RATE
+from duplex.media.rates import ASR_RATE
+
 from .registry import RecognizerRegistry
 from .service import (
     RECOGNITION_FAILED,
@@ -32,7 +33,7 @@ class Transcriber:
         try:
             recognizer = self.registry.resolve(model)
         except ValueError as exc:
-            callback(TranscriptionResult("", model, len(pcm) / SAMPLE_RATE,
+            callback(TranscriptionResult("", model, len(pcm) / ASR_RATE,
                                          TranscriptionError(RECOGNITION_FAILED, str(exc))))
             return
         self.service.submit(recognizer, pcm, callback)

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .recognizer import SAMPLE_RATE, Recognizer
+from duplex.media.rates import ASR_RATE
+
+from .recognizer import Recognizer
 
 EMBEDDED_NAME = "whisper-tiny.en"
 # Whisper reads 30 s at a time; longer audio is cut into windows, recognised as one batch and
 # the texts joined. A word cut at a window edge may come out wrong, which a turn of a voice
 # conversation rarely reaches.
-WINDOW = 30 * SAMPLE_RATE
+WINDOW = 30 * ASR_RATE
 
 
 class WhisperRecognizer(Recognizer):
@@ -99,7 +101,7 @@ class CTranslate2Whisper(WhisperRecognizer):
         import ctranslate2
 
         features = self._features(
-            windows, sampling_rate=SAMPLE_RATE, return_tensors="np"
+            windows, sampling_rate=ASR_RATE, return_tensors="np"
         ).input_features
         results = self._model.generate(
             ctranslate2.StorageView.from_array(np.ascontiguousarray(features, np.float32)),
@@ -139,7 +141,7 @@ class TransformersWhisper(WhisperRecognizer):
         import torch
 
         inputs = self._processor(
-            windows, sampling_rate=SAMPLE_RATE, return_tensors="pt", return_attention_mask=True
+            windows, sampling_rate=ASR_RATE, return_tensors="pt", return_attention_mask=True
         )
         with torch.inference_mode():
             ids = self._model.generate(

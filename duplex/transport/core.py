@@ -65,7 +65,7 @@ class MediaClock:
                  model_output_rate: int, lead_samples: int, detector: TurnDetector,
                  video_interval_samples: int | None = None) -> None:
         self.rate = rate
-        self.core = Session(session_id, sample_rate=rate,
+        self.core = Session(session_id,
                             video_interval_samples=video_interval_samples or rate // 2)
         self.detector = detector
         self.pacer: OutputPacer[Any] = OutputPacer(lead_samples)

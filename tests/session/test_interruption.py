@@ -4,6 +4,7 @@ core's side of `turn_detection.min_interruption_ms`, under arbitrary command seq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from duplex.media.rates import REALTIME_RATE
 from duplex.session import (
     Cancel,
     EpochBumped,
@@ -26,6 +27,8 @@ from duplex.session import (
     TurnState,
     VoiceActivity,
 )
+
+HALF_SECOND = REALTIME_RATE // 2
 
 MIN = 9600
 GAP = 3840
@@ -53,7 +56,7 @@ def apply(session, command):
 
 
 def paused_session() -> Session:
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     s.handle(SetInterruption(MIN, GAP))
     return s
 
@@ -122,7 +125,7 @@ def test_no_reply_audio_while_paused_belongs_to_an_old_epoch(cmds):
 
 
 def test_without_a_minimum_speech_over_a_reply_cancels_at_once():
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     s.handle(StartResponse())
     s.handle(OutputChunkProduced(0, 2400))
     events = s.handle(SpeechStarted(100))

@@ -3,6 +3,7 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from duplex.media.rates import REALTIME_RATE
 from duplex.session import (
     AudioReceived,
     Cancel,
@@ -24,6 +25,8 @@ from duplex.session import (
     Truncate,
     VideoFrameReceived,
 )
+
+HALF_SECOND = REALTIME_RATE // 2
 
 TRACKS = st.sampled_from(["mic", "camera_audio"])
 counts = st.integers(min_value=-5, max_value=5000)
@@ -98,13 +101,13 @@ def run(session, cmds, ledger):
 @run_settings
 @given(st.lists(commands, max_size=40))
 def test_every_sample_fed_is_consumed_buffered_or_dropped(cmds):
-    run(Session("p"), cmds, Ledger())
+    run(Session("p", video_interval_samples=HALF_SECOND), cmds, Ledger())
 
 
 @run_settings
 @given(st.lists(commands, max_size=40))
 def test_playback_never_ahead_of_sent(cmds):
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     for cmd in cmds:
         apply(s, cmd)
         assert 0 <= s.played_samples <= s.sent_samples
@@ -118,7 +121,7 @@ def test_playback_never_ahead_of_sent(cmds):
 @run_settings
 @given(st.lists(commands, max_size=40))
 def test_no_chunk_of_an_old_epoch_after_a_bump(cmds):
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     for cmd in cmds:
         epoch_before = s.epoch
         events = apply(s, cmd) or []
@@ -130,7 +133,7 @@ def test_no_chunk_of_an_old_epoch_after_a_bump(cmds):
 @run_settings
 @given(st.lists(commands, max_size=40))
 def test_a_truncate_is_bounded_by_delivery_and_cuts_only_the_last_reply(cmds):
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     for cmd in cmds:
         delivered = {r.id: r.delivered_samples for r in s.responses}
         on_track = {r.id: r.sent_samples for r in s.responses}
@@ -154,7 +157,7 @@ def test_a_truncate_is_bounded_by_delivery_and_cuts_only_the_last_reply(cmds):
 @run_settings
 @given(st.lists(commands, max_size=40))
 def test_after_close_nothing_is_held(cmds):
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     ledger = Ledger()
     run(s, cmds, ledger)
     buffered = {name: t.buffered for name, t in s.tracks.items()}
@@ -169,7 +172,7 @@ def test_after_close_nothing_is_held(cmds):
 @run_settings
 @given(st.lists(commands, max_size=40), commands)
 def test_a_rejected_command_changes_no_state(cmds, last):
-    s = Session("p")
+    s = Session("p", video_interval_samples=HALF_SECOND)
     for cmd in cmds:
         apply(s, cmd)
     before = repr(vars(s))

@@ -1,5 +1,6 @@
 import pytest
 
+from duplex.media.rates import REALTIME_RATE
 from duplex.session import (
     AckBeyondSent,
     AudioReceived,
@@ -35,9 +36,11 @@ from duplex.session import (
     VideoFrameSampled,
 )
 
+HALF_SECOND = REALTIME_RATE // 2
+
 
 def responding_session() -> Session:
-    s = Session("s1")
+    s = Session("s1", video_interval_samples=HALF_SECOND)
     s.handle(AudioReceived("mic", 4800))
     s.handle(SpeechStarted(0))
     s.handle(SpeechStopped(4800))
@@ -46,7 +49,7 @@ def responding_session() -> Session:
 
 
 def test_input_accounting_per_track():
-    s = Session("s1")
+    s = Session("s1", video_interval_samples=HALF_SECOND)
     s.handle(AudioReceived("mic", 960))
     s.handle(AudioReceived("mic", 480))
     s.handle(InputConsumed("mic", 1000))
@@ -56,7 +59,7 @@ def test_input_accounting_per_track():
 
 
 def test_user_turn_and_response_flow():
-    s = Session("s1")
+    s = Session("s1", video_interval_samples=HALF_SECOND)
     assert s.handle(SpeechStarted(100))[-1].new == TurnState.USER_SPEAKING
     events = s.handle(SpeechStopped(2500))
     assert events[-1] == UserTurnEnded(100, 2500)
@@ -144,7 +147,7 @@ def test_a_truncate_beyond_what_was_delivered_is_refused():
 
 
 def test_video_frames_sampled_by_timestamp():
-    s = Session("s1", video_interval_samples=12000)
+    s = Session("s1", video_interval_samples=HALF_SECOND)
     sampled = [bool(s.handle(VideoFrameReceived(pts))) for pts in range(0, 48000, 4000)]
     assert sampled == [True, False, False] * 4
     assert s.handle(VideoFrameReceived(48000)) == [VideoFrameSampled(48000)]

@@ -257,6 +257,7 @@ def test_beta_session_updated_echoes_its_own_spellings():
     ({"audio": {"output": {"speed": 3}}}, "session.audio.output.speed"),
     ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 10}}}},
      "session.audio.input.turn_detection.idle_timeout_ms"),
+    ({"output_modalities": ["text", "audio"]}, "session.output_modalities"),
 ])
 def test_bad_session_values_are_named_and_change_nothing(session, param):
     p = make()
@@ -270,6 +271,7 @@ def test_bad_session_values_are_named_and_change_nothing(session, param):
     ({"metadata": {"k": "v" * 513}}, "response.metadata.k"),
     ({"conversation": "elsewhere"}, "response.conversation"),
     ({"output_modalities": ["video"]}, "response.output_modalities.0"),
+    ({"output_modalities": ["audio", "text"]}, "response.output_modalities"),
     ({"tool_choice": {"type": "function", "name": "nope"}}, "response.tool_choice.name"),
     ({"audio": {"output": {"voice": "nobody"}}}, "response.audio.output.voice"),
 ])
@@ -279,6 +281,25 @@ def test_bad_response_values_are_named_and_no_reply_starts(response, param):
     effects = send(p, type="response.create", response=response)
     assert error_of(effects)["param"] == param
     assert p.response is None and not [e for e in effects if isinstance(e, EngineCommit)]
+
+
+def test_ga_cannot_ask_for_text_and_audio_at_once_but_beta_spells_audio_so():
+    p = make()
+    manual(p)
+    for event in ({"type": "session.update", "session": {"output_modalities": ["audio", "text"]}},
+                  {"type": "response.create", "response": {"output_modalities": ["text", "audio"]}}):
+        err = error_of(send(p, **event))
+        assert err["code"] == "invalid_value" and "both text and audio" in err["message"]
+    assert p.session_object()["output_modalities"] == ["audio"] and p.response is None
+    events, _ = reply(p)
+    assert "response.output_audio.delta" in [e["type"] for e in events]
+
+    beta = make(beta=True)
+    updated = sent(send(beta, type="session.update",
+                        session={"turn_detection": None, "modalities": ["audio", "text"]}))
+    assert updated[0]["session"]["modalities"] == ["audio", "text"]
+    events, _ = reply(beta, response={"modalities": ["text", "audio"]})
+    assert "response.audio.delta" in [e["type"] for e in events]
 
 
 def test_an_out_of_band_reply_stays_out_of_the_conversation():

@@ -122,6 +122,17 @@ def _check_tools(settings: SessionSettings | ResponseSettings, prefix: str) -> N
                 f"(tools: {', '.join(names) or 'none'}).", f"{prefix}tool_choice.name")
 
 
+def _ga_modalities(values: list[str], param: str) -> tuple[str, ...]:
+    """GA asks for audio (with its transcript) or text, never both; beta's ["audio", "text"]
+    is its spelling of the first."""
+    if {"audio", "text"} <= set(values):
+        raise ConfigError("invalid_value",
+                          f"Invalid value for '{param}': it is not possible to request both "
+                          "text and audio at the same time; use ['audio'] (audio with its "
+                          "transcript) or ['text'].", param)
+    return tuple(values)
+
+
 def updated_ga(current: SessionSettings, data: dict[str, Any]) -> SessionSettings:
     for flat in ("input_audio_format", "output_audio_format", "modalities"):
         if flat in data:
@@ -132,7 +143,8 @@ def updated_ga(current: SessionSettings, data: dict[str, Any]) -> SessionSetting
     cfg: schema.SessionConfig = _validate(schema.SessionConfig, data, "session.")
     changes = _common(cfg)
     if cfg.output_modalities is not None:
-        changes["output_modalities"] = tuple(cfg.output_modalities)
+        changes["output_modalities"] = _ga_modalities(cfg.output_modalities,
+                                                      "session.output_modalities")
     if cfg.max_output_tokens is not None:
         changes["max_output_tokens"] = cfg.max_output_tokens
     audio_in = cfg.audio.input if cfg.audio else None
@@ -340,7 +352,8 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
             changes["temperature"] = p.temperature
     else:
         if p.output_modalities is not None:
-            changes["output_modalities"] = tuple(p.output_modalities)
+            changes["output_modalities"] = _ga_modalities(p.output_modalities,
+                                                          "response.output_modalities")
         if p.max_output_tokens is not None:
             changes["max_output_tokens"] = p.max_output_tokens
         out = p.audio.output if p.audio else None

@@ -1,0 +1,175 @@
+"""The input side of a Realtime session: audio appended as base64 (PCM16, or G.711 resampled
+from 8 kHz) or carried by a media track, counted onto the session clock and passed on to the
+model and the speech detector; the uncommitted buffer, its commit into a user item and its
+clear; and the transcription of each committed item, when the session asked for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from duplex.media import Resampler, g711_to_float, pcm16_to_float
+from duplex.media.pcm import PcmError
+from duplex.media.rates import ASR_RATE
+from duplex.media.rates import REALTIME_RATE as RATE
+from duplex.session import commands as cmd
+from duplex.transport.core import MediaClock
+from duplex.transport.effects import EngineClearInput
+from duplex.transport.realtime.conversation import Conversation, Item
+from duplex.transport.realtime.errors import ProtocolError
+from duplex.transport.realtime.events import EventWriter
+from duplex.transport.realtime.replies import G711_LAWS
+from duplex.transport.realtime.session_config import SessionSettings
+
+INPUT_TRACK = "input_audio"
+OPENAI_TRANSCRIBE = "whisper-1"
+"""What a transcription config without a model asks for: the server's configured recogniser."""
+
+
+@dataclass(frozen=True)
+class Transcribe:
+    """Recognise `pcm` (float32 at 16 kHz), the audio of user item `item_id`, with `model`;
+    answer with `on_transcript`."""
+
+    item_id: str
+    model: str
+    pcm: np.ndarray
+
+
+class InputAudio:
+    def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
+                 settings: Callable[[], SessionSettings], *, max_lead_ms: int,
+                 transcription_models: tuple[str, ...]) -> None:
+        self.clock = clock
+        self.core = clock.core
+        self.events = events
+        self.conversation = conversation
+        self.settings = settings
+        self.max_lead_ms = max_lead_ms
+        """How far appended audio may run ahead of real time before appends are refused."""
+        self.transcription_models = transcription_models
+        """The names `audio.input.transcription.model` may take; empty: no recogniser."""
+        self.samples = 0
+        self.uncommitted_samples = 0
+        self.speech_item_id: str | None = None
+        """The id the uncommitted audio's item takes, named when its speech started."""
+        # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
+        self._g711_in = Resampler(8000, RATE, quality="QQ")
+        self._to_asr = Resampler(RATE, ASR_RATE)
+        self._asr_audio: list[np.ndarray] = []
+        """Uncommitted input at the recogniser's rate, kept only while transcription is on."""
+
+    def append_base64(self, out: list, audio: str, param: str) -> None:
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': not valid base64.",
+                                param) from None
+        try:
+            pcm = self._decode(data)
+        except PcmError as exc:
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': {exc}.",
+                                param) from None
+        self.receive(out, pcm)
+
+    def _decode(self, data: bytes) -> np.ndarray:
+        fmt = self.settings().input_format
+        if fmt == "audio/pcm":
+            return pcm16_to_float(data)
+        return self._g711_in.process(g711_to_float(data, G711_LAWS[fmt]))
+
+    def receive(self, out: list, pcm: np.ndarray) -> None:
+        """Float32 on the session clock, from an append or a media track."""
+        n = len(pcm)
+        self.core.handle(cmd.AudioReceived(INPUT_TRACK, n))
+        if self.samples - self.core.now_sample + n > self.max_lead_ms * RATE // 1000:
+            self.core.handle(cmd.InputDropped(INPUT_TRACK, n, "faster_than_real_time"))
+            raise ProtocolError("input_rate_exceeded",
+                                f"Audio is being appended faster than real time (more than "
+                                f"{self.max_lead_ms} ms ahead); this chunk was dropped.", "audio")
+        self.samples += n
+        self.uncommitted_samples += n
+        self.core.handle(cmd.InputConsumed(INPUT_TRACK, n))
+        if n == 0:
+            return
+        settings = self.settings()
+        out += self.clock.input_effects(pcm, detect_speech=settings.turn_detection is not None)
+        if settings.transcription is not None:
+            self._asr_audio.append(self._to_asr.process(pcm))
+
+    def commit(self, out: list) -> None:
+        """input_audio_buffer.commit: at least 100 ms of audio becomes a user item."""
+        if self.uncommitted_samples < RATE // 10:
+            raise ProtocolError("input_audio_buffer_commit_empty",
+                                f"Error committing input audio buffer: buffer too small. Expected at "
+                                f"least 100ms of audio, but buffer only has "
+                                f"{self.uncommitted_samples * 1000 // RATE}ms of audio.")
+        self.commit_as(out, self.speech_item_id or self.events.new_id("item"))
+
+    def commit_as(self, out: list, item_id: str) -> Item:
+        item = Item(item_id, role="user", content_type="input_audio")
+        previous = self.conversation.append(item)
+        self.uncommitted_samples = 0
+        self.speech_item_id = None
+        emit = self.events.emit
+        emit(out, "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
+        emit(out, "conversation.item.added", item=item.as_wire(), previous_item_id=previous)
+        emit(out, "conversation.item.done", item=item.as_wire(), previous_item_id=previous)
+        self.transcribe(out, item)
+        return item
+
+    def clear(self, out: list) -> None:
+        self.uncommitted_samples = 0
+        self._asr_audio = []
+        out.append(EngineClearInput())
+        self.events.emit(out, "input_audio_buffer.cleared")
+
+    # -- transcription ----------------------------------------------------------------------
+
+    def check_transcription(self, new: SessionSettings, beta: bool) -> None:
+        if new.transcription is None or new.transcription == self.settings().transcription:
+            return
+        param = ("session.input_audio_transcription.model" if beta
+                 else "session.audio.input.transcription.model")
+        model = new.transcription.get("model")
+        if not self.transcription_models:
+            raise ProtocolError("invalid_value", "This server has no speech recogniser; "
+                                "input audio transcription is not available.", param)
+        if model is not None and model not in self.transcription_models:
+            raise ProtocolError("invalid_value",
+                                f"Invalid value for '{param}': unknown transcription model "
+                                f"'{model}'; available: {', '.join(self.transcription_models)}.",
+                                param)
+
+    def transcribe(self, out: list, item: Item) -> None:
+        """The item's audio goes to the recogniser (its transcript comes back later)."""
+        audio, self._asr_audio = self._asr_audio, []
+        config = self.settings().transcription
+        if config is None:
+            return
+        tail = self._to_asr.process(np.zeros(0, np.float32), last=True)
+        self._to_asr = Resampler(RATE, ASR_RATE)
+        pcm = np.concatenate([*audio, tail]) if audio else tail
+        out.append(Transcribe(item.id, config.get("model") or OPENAI_TRANSCRIBE, pcm))
+
+    def on_transcript(self, out: list, item_id: str, text: str | None, error: str | None,
+                      audio_s: float) -> None:
+        emit = self.events.emit
+        if error is not None:
+            emit(out, "conversation.item.input_audio_transcription.failed", item_id=item_id,
+                 content_index=0, error={"type": "server_error", "code": "transcription_failed",
+                                         "message": error, "param": None})
+            return
+        item = self.conversation.find(item_id)
+        if item is not None:
+            item.transcript = text
+        emit(out, "conversation.item.input_audio_transcription.delta", item_id=item_id,
+             content_index=0, delta=text)
+        emit(out, "conversation.item.input_audio_transcription.completed", item_id=item_id,
+             content_index=0, transcript=text,
+             usage={"type": "duration", "seconds": round(audio_s, 3)})
