@@ -9,11 +9,11 @@ import os
 import numpy as np
 import pytest
 import soxr
-from openai import AsyncOpenAI
 
 from tests.transcription.fixtures import RATE as FIXTURE_RATE
 from tests.transcription.test_whisper import MAX_WER
 from tests.transcription.wer import word_error_rate
+from tests.transport.sdk import client_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,7 @@ async def test_spoken_turns_come_back_transcribed_through_the_sdk(server_process
     # The whole fixture set is sent faster than it would be spoken; the input lead allows it.
     server = server_process("--model", "echo",
                             env={**os.environ, "DUPLEX_REALTIME__MAX_INPUT_LEAD_MS": "120000"})
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     hypotheses, item_ids = [], []
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"

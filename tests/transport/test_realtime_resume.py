@@ -6,10 +6,10 @@ import json
 import httpx
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 
 from duplex.transport.effects import CloseConnection, Send
 from duplex.transport.realtime.protocol import RealtimeProtocol, ResumeSession
+from tests.transport.sdk import client_for
 from tests.waiting import eventually
 
 RATE = 24000
@@ -96,8 +96,7 @@ def test_end_says_why_and_closes():
 @pytest.mark.slow
 async def test_sdk_client_resumes_on_the_same_node(server_process):
     server = server_process("--model", "echo")
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     async with client.realtime.connect(model="echo") as conn:
         created = await conn.recv()
         session_id = created.session.id

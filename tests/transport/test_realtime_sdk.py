@@ -5,9 +5,9 @@ import base64
 
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 
 from duplex.bench.synth import babble
+from tests.transport.sdk import client_for, events_until
 
 RATE = 24000
 
@@ -16,25 +16,6 @@ def pcm16(x: np.ndarray) -> bytes:
     return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
 
 
-def client_for(server) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        api_key="sk-test",
-        base_url=f"{server.url}/v1",
-        websocket_base_url=server.url.replace("http", "ws") + "/v1",
-    )
-
-
-async def collect_until(conn, stop_type, timeout=20.0):
-    events = []
-
-    async def run():
-        async for event in conn:
-            events.append(event)
-            if event.type == stop_type:
-                return
-
-    await asyncio.wait_for(run(), timeout)
-    return events
 
 
 async def append_paced(conn, audio: bytes, chunk_ms=100):
@@ -55,7 +36,7 @@ async def take_turn(conn, audio: bytes, timeout=20.0):
     await append_paced(conn, audio)
     await conn.input_audio_buffer.commit()
     await conn.response.create()
-    return await collect_until(conn, "response.done", timeout)
+    return await events_until(conn, "response.done", timeout)
 
 
 def reply_audio(events) -> bytes:
@@ -106,7 +87,7 @@ async def test_server_vad_turn_then_barge_in_cancels_within_a_frame(echo_server)
     async with client_for(echo_server).realtime.connect(model="echo") as conn:
         await conn.recv()
         await append_paced(conn, pcm16(np.concatenate([silence[: RATE // 2], speech, silence])))
-        events = await collect_until(conn, "response.output_audio.delta")
+        events = await events_until(conn, "response.output_audio.delta")
         types = [e.type for e in events]
         assert "input_audio_buffer.speech_started" in types
         assert "input_audio_buffer.speech_stopped" in types
@@ -116,7 +97,7 @@ async def test_server_vad_turn_then_barge_in_cancels_within_a_frame(echo_server)
         assert 200 <= started.audio_start_ms <= 400
         # Talk over the reply: the server must cancel it and stop its audio.
         barge = asyncio.create_task(append_paced(conn, pcm16(np.concatenate([speech[:RATE], silence]))))
-        events = await collect_until(conn, "output_audio_buffer.cleared")
+        events = await events_until(conn, "output_audio_buffer.cleared")
         await barge
         types = [e.type for e in events]
         done = next(e for e in events if e.type == "response.done")
@@ -124,7 +105,7 @@ async def test_server_vad_turn_then_barge_in_cancels_within_a_frame(echo_server)
         assert done.response.status_details.reason == "turn_detected"
         assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
         response_id = done.response.id
-        after = await collect_until(conn, "input_audio_buffer.speech_stopped")
+        after = await events_until(conn, "input_audio_buffer.speech_stopped")
         assert not [
             e for e in after if e.type == "response.output_audio.delta" and e.response_id == response_id
         ]

@@ -5,7 +5,8 @@ and the session goes on."""
 import asyncio
 
 import pytest
-from openai import AsyncOpenAI
+
+from tests.transport.sdk import client_for
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +67,7 @@ async def next_of(conn, types: tuple[str, ...], seen: list, timeout: float = 20.
 
 async def test_every_bad_value_is_named_and_the_session_goes_on(server_process):
     server = server_process("--model", "echo")
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     seen: list = []
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"

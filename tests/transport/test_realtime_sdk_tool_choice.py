@@ -2,10 +2,10 @@
 function and "required" make the reply a call of that tool (the random model would never write
 one), reported as any call is; "auto" lets it answer in text."""
 
-import asyncio
 
 import pytest
-from openai import AsyncOpenAI
+
+from tests.transport.sdk import client_for, events_until
 
 pytestmark = pytest.mark.slow
 
@@ -13,29 +13,16 @@ TOOLS = [{"type": "function", "name": name, "parameters": {"type": "object"}}
          for name in ("get_weather", "get_time")]
 
 
-async def until(conn, stop_type: str, timeout: float = 60.0) -> list:
-    events = []
-
-    async def run():
-        async for event in conn:
-            events.append(event)
-            if event.type == stop_type:
-                return
-
-    await asyncio.wait_for(run(), timeout)
-    return events
-
 
 async def test_tool_choice_makes_the_reply_a_call(server_process, tiny_omni_dir):
     server = server_process("--model", str(tiny_omni_dir))
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     async with client.realtime.connect(model="tiny") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(session={
             "type": "realtime", "tools": TOOLS, "output_modalities": ["text"], "temperature": 0,
             "audio": {"input": {"turn_detection": None}}})
-        await until(conn, "session.updated")
+        await events_until(conn, "session.updated")
         await conn.conversation.item.create(item={
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "what is the time in Oslo?"}]})
@@ -44,7 +31,7 @@ async def test_tool_choice_makes_the_reply_a_call(server_process, tiny_omni_dir)
             await conn.response.create(response={"tool_choice": tool_choice,
                                                  "max_output_tokens": 80,
                                                  "conversation": "none"})
-            events = await until(conn, "response.done")
+            events = await events_until(conn, "response.done")
             assert "error" not in [e.type for e in events]
             return events
 

@@ -2,47 +2,34 @@
 to a text is that text, parsed as a model's is): a reply that speaks and then calls two tools,
 and a call that is not JSON."""
 
-import asyncio
 import json
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
+
+from tests.transport.sdk import client_for, events_until
 
 pytestmark = pytest.mark.slow
 
 
-async def until(conn, stop_type: str, timeout: float = 30.0) -> list:
-    events = []
-
-    async def run():
-        async for event in conn:
-            events.append(event)
-            if event.type == stop_type:
-                return
-
-    await asyncio.wait_for(run(), timeout)
-    return events
-
 
 async def test_a_reply_speaks_then_calls_two_tools_and_hears_both_outputs(server_process):
     server = server_process("--model", "echo")
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     tools = [{"type": "function", "name": name, "parameters": {"type": "object"}}
              for name in ("get_weather", "get_time")]
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(session={"type": "realtime", "tools": tools,
                                            "audio": {"input": {"turn_detection": None}}})
-        await until(conn, "session.updated")
+        await events_until(conn, "session.updated")
         await conn.conversation.item.create(item={
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": (
                 'One moment. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
                 '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}'
                 "</tool_call>")}]})
         await conn.response.create()
-        events = await until(conn, "response.done")
+        events = await events_until(conn, "response.done")
         assert "error" not in [e.type for e in events]
 
         output = events[-1].response.output
@@ -64,7 +51,7 @@ async def test_a_reply_speaks_then_calls_two_tools_and_hears_both_outputs(server
             await conn.conversation.item.create(item={
                 "type": "function_call_output", "call_id": call.call_id, "output": result})
         await conn.response.create()
-        events = await until(conn, "response.done")
+        events = await events_until(conn, "response.done")
         transcript = "".join(e.delta for e in events
                              if e.type == "response.output_audio_transcript.delta")
         assert events[-1].response.status == "completed"
@@ -73,18 +60,17 @@ async def test_a_reply_speaks_then_calls_two_tools_and_hears_both_outputs(server
 
 async def test_a_call_that_is_not_json_is_reported_raw_and_counted(server_process):
     server = server_process("--model", "echo")
-    client = AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                         websocket_base_url=server.url.replace("http", "ws") + "/v1")
+    client = client_for(server)
     async with client.realtime.connect(model="echo") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(session={"type": "realtime",
                                            "audio": {"input": {"turn_detection": None}}})
-        await until(conn, "session.updated")
+        await events_until(conn, "session.updated")
         await conn.conversation.item.create(item={
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "<tool_call>call lookup now</tool_call>"}]})
         await conn.response.create()
-        events = await until(conn, "response.done")
+        events = await events_until(conn, "response.done")
     [call] = [i for i in events[-1].response.output if i.type == "function_call"]
     assert call.arguments == "call lookup now"
     metrics = httpx.get(f"{server.url}/metrics").text

@@ -10,36 +10,20 @@ import re
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
 
+from tests.transport.sdk import client_for, events_until
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
 
-def client_for(server) -> AsyncOpenAI:
-    return AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1",
-                       websocket_base_url=server.url.replace("http", "ws") + "/v1")
-
-
-async def until(conn, stop_type, timeout=30.0):
-    events = []
-
-    async def run():
-        async for event in conn:
-            events.append(event)
-            if event.type == stop_type:
-                return
-
-    await asyncio.wait_for(run(), timeout)
-    return events
 
 
 async def configure(conn, **session):
     assert (await conn.recv()).type == "session.created"
     await conn.session.update(session={"type": "realtime",
                                        "audio": {"input": {"turn_detection": None}}, **session})
-    updated = await until(conn, "session.updated")
+    updated = await events_until(conn, "session.updated")
     return updated[-1]
 
 
@@ -47,7 +31,7 @@ async def say(conn, text: str, **response):
     await conn.conversation.item.create(item={
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
     await conn.response.create(**({"response": response} if response else {}))
-    return await until(conn, "response.done")
+    return await events_until(conn, "response.done")
 
 
 def stage_calls(server) -> dict[str, float]:
@@ -80,7 +64,7 @@ async def test_a_tool_round_trip_with_the_echo_oracle(server_process):
         await conn.conversation.item.create(item={
             "type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."})
         await conn.response.create()
-        events = await until(conn, "response.done")
+        events = await events_until(conn, "response.done")
         assert "error" not in [e.type for e in events]
         transcript = "".join(e.delta for e in events
                              if e.type == "response.output_audio_transcript.delta")
@@ -141,7 +125,7 @@ async def test_voices_are_checked_and_errors_leave_the_session_going(server_proc
         assert updated.session.audio.output.voice == "chelsie"
         await conn.session.update(session={"type": "realtime",
                                            "audio": {"output": {"voice": "nobody"}}})
-        [error] = await until(conn, "error")
+        [error] = await events_until(conn, "error")
         assert (error.error.code, error.error.param) == ("invalid_value",
                                                          "session.audio.output.voice")
         assert "aiden, chelsie, ethan" in error.error.message
@@ -149,7 +133,7 @@ async def test_voices_are_checked_and_errors_leave_the_session_going(server_proc
         assert any(e.type == "response.output_audio.delta" for e in events)
         await conn.session.update(session={"type": "realtime",
                                            "audio": {"output": {"voice": "aiden"}}})
-        [error] = await until(conn, "error")
+        [error] = await events_until(conn, "error")
         assert error.error.code == "cannot_update_voice"
         events = await say(conn, "still here", output_modalities=["text"], max_output_tokens=3)
         assert events[-1].response.status == "incomplete"
