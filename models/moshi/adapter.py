@@ -54,7 +54,7 @@ from models.base import (
     ThinkerToken,
     untimed,
 )
-from models.kv import KVBatch, SlidingKV, tensor_bytes
+from models.kv import KVBatch, SlidingKV, StepKV, tensor_bytes
 from models.moshi import duplex, tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.reply import ReplySpec
@@ -99,7 +99,7 @@ class _Turn:
 def _layers_step(
     layers: nn.ModuleList,
     hidden: torch.Tensor,
-    batch: KVBatch,
+    batch: KVBatch | StepKV,
     codebook_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`MoshiDecoderLayer`s over (B, n, H) new positions with the KV of `batch`."""
@@ -167,6 +167,9 @@ class MoshiAdapter(DuplexModel):
             silence = torch.zeros(1, 1, self.frame_samples, dtype=self._dtype, device=self._device)
             codes = mimi.encode(silence, num_quantizers=self.num_codebooks).audio_codes
         self.silence = codes[0, :, 0]
+        self._codebook_index = [
+            torch.tensor([i], device=self._device) for i in range(self.num_codebooks)
+        ]
 
     @classmethod
     def from_pretrained(
@@ -351,25 +354,13 @@ class MoshiAdapter(DuplexModel):
     def _depth(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """Greedy depth decoding: hidden (B, 1, H), text ids (B,) -> codes (B, Q)."""
         depth = self.model.depth_decoder
-        config = depth.config
-        kv = SlidingKV(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            self.num_codebooks,
-            rows=hidden.shape[0],
-            dtype=self._dtype,
-            device=self._device,
-        )
+        kv = StepKV(len(depth.layers))
         previous = text[:, None]
         codes = []
-        for codebook in range(self.num_codebooks):
-            index = torch.tensor([codebook], device=self._device)
+        for codebook, index in enumerate(self._codebook_index):
             table = depth.text_embed_tokens if codebook == 0 else depth.embed_tokens[codebook - 1]
             embeds = table(previous) + depth.input_projections(hidden, index)
-            batch = KVBatch([kv], 1)
-            out = _layers_step(depth.layers, embeds, batch, index)
-            batch.commit()
+            out = _layers_step(depth.layers, embeds, kv, index)
             previous = depth.lm_heads(out, index).argmax(-1)
             codes.append(previous[:, 0])
         return torch.stack(codes, dim=1)

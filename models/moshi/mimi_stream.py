@@ -7,10 +7,11 @@ causal conv (the last `padding_total` inputs), of every transposed conv (the ove
 its output) and of the decoder transformer (a sliding-window KV cache), so streaming output equals
 `mimi.decode(codes)` up to float rounding.
 
-Encoding: `MimiStreamEncoder` runs the convolutions through transformers' own
-`MimiConv1dPaddingCache` path (exact when chunks are whole frames) and the encoder transformer
-through the same sliding-window KV as the decoder, because `encode(..., use_streaming=True)` keeps
-one cache for the whole batch and cannot mix sessions of different ages.
+Encoding: `MimiStreamEncoder` carries the last `padding_total` inputs of every conv as the
+decoder does (what transformers' `MimiConv1dPaddingCache` keeps; exact when chunks are whole
+frames) and runs the encoder transformer through the same sliding-window KV as the decoder,
+because `encode(..., use_streaming=True)` keeps one cache for the whole batch and cannot mix
+sessions of different ages.
 
 Each session owns a state object (`new_state()`); one `decode` / `encode` call stacks the states
 of all sessions in the batch along the batch axis, runs one forward and writes the states back.
@@ -26,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.mimi.modeling_mimi import (
     MimiConv1d,
-    MimiConv1dPaddingCache,
     MimiConvTranspose1d,
     MimiResnetBlock,
     apply_rotary_pos_emb,
@@ -107,6 +107,29 @@ class _Carry:
         self.incoming = iter(incoming)
         self.outgoing: list[torch.Tensor] = []
 
+    def left(self, module: MimiConv1d, x: torch.Tensor) -> torch.Tensor:
+        return next(self.incoming)
+
+
+class _EncodeCarry(_Carry):
+    """The conv states of one encode call, row by row: a session's first call has none yet and
+    pads as `MimiConv1d` does at the start of a stream (zeros, or its first input replicated)."""
+
+    def __init__(self, rows: list[list[torch.Tensor | None]]):
+        super().__init__(list(zip(*rows, strict=True)))
+
+    def left(self, module: MimiConv1d, x: torch.Tensor) -> torch.Tensor:
+        column = next(self.incoming)
+        if all(left is not None for left in column):
+            return column[0] if len(column) == 1 else torch.cat(column)
+        padding = int(module.padding_total)
+        return torch.cat([
+            left if left is not None
+            else x[row : row + 1, :, :1].expand(-1, -1, padding) if module.pad_mode == "replicate"
+            else x.new_zeros(1, x.shape[1], padding)
+            for row, left in enumerate(column)
+        ])
+
 
 class MimiStreamDecoder:
     """Streaming `MimiModel.decode`: codes (B, Q, T) -> audio (B, channels, T * frame_size)."""
@@ -184,7 +207,8 @@ def _run(layers, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
 
 
 def _causal(module: MimiConv1d, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
-    left = next(carry.incoming)
+    # Whole frames in: the next output window starts `padding_total` inputs before the end.
+    left = carry.left(module, x)
     if left.shape[-1]:
         x = torch.cat([left, x], dim=-1)
     carry.outgoing.append(x[..., x.shape[-1] - left.shape[-1] :])
@@ -212,10 +236,10 @@ def _transposed(module: MimiConvTranspose1d, x: torch.Tensor, carry: _Carry) -> 
 
 
 def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """`conv(x)` (no padding, stride 1) as unfold + one `F.linear`."""
+    """`conv(x)` (no padding) as unfold + one `F.linear`."""
     out_channels, in_channels, kernel = conv.weight.shape
     dilation = conv.dilation[0]
-    cols = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]
+    cols = x.unfold(-1, (kernel - 1) * dilation + 1, conv.stride[0])[..., ::dilation]
     cols = cols.transpose(1, 2).reshape(x.shape[0], cols.shape[2], in_channels * kernel)
     weight = conv.weight.view(out_channels, in_channels * kernel)
     return F.linear(cols, weight, conv.bias).transpose(1, 2)
@@ -244,7 +268,8 @@ def _overlap_add(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Te
 
 @dataclass
 class MimiEncodeState:
-    """One session's encoder carry: transformers' per-conv padding entries, and the KV."""
+    """One session's encoder carry: the last inputs of each conv (None before its first frame),
+    and the transformer KV."""
 
     convs: list[torch.Tensor | None]
     kv: SlidingKV
@@ -258,54 +283,23 @@ class MimiEncodeState:
         self.kv.release()
 
 
-class _RowPaddingCache(MimiConv1dPaddingCache):
-    """`MimiConv1dPaddingCache` whose entries live per session, so fresh and running sessions
-    (which transformers would initialise all at once or not at all) share one batch."""
-
-    def __init__(self, layout: tuple[list[int], list[str], list[int]], rows: list[list]):
-        super().__init__(len(layout[0]), *layout)
-        self.rows = rows
-
-    def update(self, hidden_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        padding = self.per_layer_padding[layer_idx]
-        channels = self.per_layer_in_channels[layer_idx]
-        current = []
-        for i, row in enumerate(self.rows):
-            if row[layer_idx] is not None:
-                current.append(row[layer_idx])
-            elif self.per_layer_padding_mode[layer_idx] == "replicate":
-                current.append(hidden_states[i : i + 1, :, :1].expand(-1, -1, padding))
-            else:
-                current.append(hidden_states.new_zeros(1, channels, padding))
-        current = torch.cat(current)
-        if hidden_states.shape[-1] >= padding:
-            kept = hidden_states[..., hidden_states.shape[-1] - padding :]
-        else:
-            kept = torch.cat([current, hidden_states], dim=-1)[..., -padding:]
-        for i, row in enumerate(self.rows):
-            row[layer_idx] = kept[i : i + 1].clone()
-        return current
-
-
 class MimiStreamEncoder:
-    """Streaming `MimiModel.encode`: audio (B, channels, k * frame_size) -> codes (B, Q, k)."""
+    """Streaming `MimiModel.encode`: audio (B, channels, k * frame_size) -> codes (B, Q, k).
+
+    The convs run as the decoder's do (each carries its last inputs; a strided conv given whole
+    frames ends its windows exactly there), which is what transformers' `MimiConv1dPaddingCache`
+    path computes, without its per-layer padding arithmetic."""
 
     def __init__(self, mimi: nn.Module, num_quantizers: int | None = None):
         self.mimi = mimi
         self.num_quantizers = num_quantizers
         self.frame_samples = int(mimi.config.frame_size)
         self.seanet, self.transformer, self.downsample = _encoder_parts(mimi)
-        convs = [self.seanet.get_submodule(name) for name in self.seanet._conv1d_layer_names]
-        convs.append(self.downsample)
-        self._layout = (
-            [int(c.padding_total) for c in convs],
-            [c.pad_mode for c in convs],
-            [c.in_channels for c in convs],
-        )
+        self._carried = [*_carried_convs(self.seanet.layers), self.downsample]
 
     def new_state(self) -> MimiEncodeState:
         param = next(self.mimi.parameters())
-        convs = [None] * len(self._layout[0])
+        convs = [None] * len(self._carried)
         return MimiEncodeState(convs, _new_kv(self.transformer, param.dtype, param.device))
 
     @torch.inference_mode()
@@ -314,8 +308,10 @@ class MimiStreamEncoder:
             raise ValueError(f"{len(states)} states for a batch of {audio.shape[0]}")
         if audio.shape[-1] % self.frame_samples:
             raise ValueError(f"chunks must be whole frames of {self.frame_samples} samples")
-        cache = _RowPaddingCache(self._layout, [s.convs for s in states])
-        hidden = self.seanet(audio, padding_cache=cache)
+        carry = _EncodeCarry([s.convs for s in states])
+        hidden = _run(self.seanet.layers, audio, carry)
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
-        latents = self.downsample(hidden.transpose(1, 2), padding_cache=cache)
+        latents = _causal(self.downsample, hidden.transpose(1, 2), carry)
+        for row, state in enumerate(states):
+            state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
         return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
