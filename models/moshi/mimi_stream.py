@@ -224,10 +224,7 @@ def _transposed(module: MimiConvTranspose1d, x: torch.Tensor, carry: _Carry) -> 
     conv = module.conv
     stride = conv.stride[0]
     tail = next(carry.incoming)
-    if conv.groups == 1:
-        y = _overlap_add(x, conv.weight, stride)
-    else:
-        y = F.conv_transpose1d(x, conv.weight, None, stride, groups=conv.groups)
+    y = _overlap_add(x, conv.weight, stride, conv.groups)
     y[..., : tail.shape[-1]] += tail
     keep = x.shape[-1] * stride
     carry.outgoing.append(y[..., keep:])
@@ -245,18 +242,24 @@ def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     return F.linear(cols, weight, conv.bias).transpose(1, 2)
 
 
-def _overlap_add(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
-    """`conv_transpose1d(x, weight, stride=stride)` as one matmul plus overlap-add.
+def _overlap_add(
+    x: torch.Tensor, weight: torch.Tensor, stride: int, groups: int = 1
+) -> torch.Tensor:
+    """`conv_transpose1d(x, weight, stride=stride, groups=groups)` as one (grouped) matmul plus
+    overlap-add.
 
     On CPU, torch sends a transposed conv over a few input steps to its slow im2col path, which
-    costs as much for 2 steps as for 50; a matmul keeps the cost proportional to the input.
+    costs as much for 2 steps as for 50 (and a grouped one, Mimi's upsampling, more still); a
+    matmul keeps the cost proportional to the input.
     """
-    batch, _, length = x.shape
-    channels, kernel = weight.shape[1], weight.shape[2]
+    batch, in_channels, length = x.shape
+    per_group, kernel = weight.shape[1], weight.shape[2]
+    channels = per_group * groups
     pieces = -(-kernel // stride)
-    cols = (x.transpose(1, 2) @ weight.reshape(weight.shape[0], -1)).view(
-        batch, length, channels, kernel
-    )
+    grouped = x.reshape(batch, groups, in_channels // groups, length).transpose(2, 3)
+    cols = grouped @ weight.view(groups, in_channels // groups, per_group * kernel)
+    cols = cols.view(batch, groups, length, per_group, kernel).transpose(1, 2)
+    cols = cols.reshape(batch, length, channels, kernel)
     if pieces * stride != kernel:
         cols = F.pad(cols, (0, pieces * stride - kernel))
     cols = cols.view(batch, length, channels, pieces, stride).permute(0, 2, 3, 1, 4)
