@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.models.moshi.modeling_moshi import apply_rotary_pos_emb
 
@@ -100,26 +101,40 @@ def _layers_step(
     layers: nn.ModuleList,
     hidden: torch.Tensor,
     batch: KVBatch | StepKV,
-    codebook_idx: torch.Tensor | None = None,
+    codebook: int | None = None,
 ) -> torch.Tensor:
-    """`MoshiDecoderLayer`s over (B, n, H) new positions with the KV of `batch`."""
+    """`MoshiDecoderLayer`s over (B, n, H) new positions with the KV of `batch`.
+
+    With `codebook`, the layers' per-codebook (flexible) weights are that codebook's: one
+    `F.linear` on its slice instead of transformers' select, transpose and batched matmul, which
+    on a tiny depth decoder cost more than the arithmetic."""
+
+    def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if codebook is None:
+            return module(x)
+        weight = module.linear.weight if hasattr(module, "linear") else module.weight
+        return F.linear(x, weight[codebook])
+
     rotary = layers[0].self_attn.rotary_emb
     rope = None if rotary is None else rotary(hidden, batch.position_ids)
     for index, layer in enumerate(layers):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
         shape = (*x.shape[:2], -1, attn.head_dim)
-        q = attn.q_proj(x, codebook_idx).view(shape).transpose(1, 2)
-        k = attn.k_proj(x, codebook_idx).view(shape).transpose(1, 2)
-        v = attn.v_proj(x, codebook_idx).view(shape).transpose(1, 2)
+        q = project(attn.q_proj, x).view(shape).transpose(1, 2)
+        k = project(attn.k_proj, x).view(shape).transpose(1, 2)
+        v = project(attn.v_proj, x).view(shape).transpose(1, 2)
         if rope is not None:
             q, k = apply_rotary_pos_emb(q, k, *rope)
         out = batch.attend(index, q, k, v, attn.scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
-        hidden = hidden + attn.o_proj(out, codebook_idx)
+        hidden = hidden + project(attn.o_proj, out)
         x = layer.post_attention_layernorm(hidden)
-        hidden = hidden + (
-            layer.mlp(x, codebook_idx) if layer.use_flexible_linear else layer.mlp(x)
-        )
+        if codebook is None:
+            hidden = hidden + layer.mlp(x)
+        else:
+            # `MoshiGatingMLP`: fc1 gives the gate and the value side by side.
+            gate, value = project(layer.mlp.fc1, x).view(*x.shape[:2], 2, -1).unbind(2)
+            hidden = hidden + project(layer.mlp.fc2, layer.mlp.activation_fn(gate) * value)
     return hidden
 
 
@@ -167,9 +182,6 @@ class MoshiAdapter(DuplexModel):
             silence = torch.zeros(1, 1, self.frame_samples, dtype=self._dtype, device=self._device)
             codes = mimi.encode(silence, num_quantizers=self.num_codebooks).audio_codes
         self.silence = codes[0, :, 0]
-        self._codebook_index = [
-            torch.tensor([i], device=self._device) for i in range(self.num_codebooks)
-        ]
 
     @classmethod
     def from_pretrained(
@@ -357,11 +369,11 @@ class MoshiAdapter(DuplexModel):
         kv = StepKV(len(depth.layers))
         previous = text[:, None]
         codes = []
-        for codebook, index in enumerate(self._codebook_index):
+        for codebook in range(self.num_codebooks):
             table = depth.text_embed_tokens if codebook == 0 else depth.embed_tokens[codebook - 1]
-            embeds = table(previous) + depth.input_projections(hidden, index)
-            out = _layers_step(depth.layers, embeds, kv, index)
-            previous = depth.lm_heads(out, index).argmax(-1)
+            embeds = table(previous) + F.linear(hidden, depth.input_projections.weight[codebook])
+            out = _layers_step(depth.layers, embeds, kv, codebook)
+            previous = F.linear(out, depth.lm_heads.weight[codebook]).argmax(-1)
             codes.append(previous[:, 0])
         return torch.stack(codes, dim=1)
 
