@@ -317,4 +317,32 @@ class MimiStreamEncoder:
         latents = _causal(self.downsample, hidden.transpose(1, 2), carry)
         for row, state in enumerate(states):
             state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
-        return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
+        return _quantize(self.mimi.quantizer, latents, self.num_quantizers)
+
+
+def _quantize(quantizer: nn.Module, latents: torch.Tensor, count: int | None) -> torch.Tensor:
+    """`MimiSplitResidualVectorQuantizer.encode` (B, D, T) -> codes (B, Q, T): the same
+    projections, distances and residuals, without its per-codebook module and layout calls."""
+    count = quantizer.max_num_quantizers if count is None else count
+    semantic = quantizer.num_semantic_quantizers
+    codes = _residual_codes(quantizer.semantic_residual_vector_quantizer, latents, semantic)
+    if count > semantic:
+        codes += _residual_codes(
+            quantizer.acoustic_residual_vector_quantizer, latents, count - semantic
+        )
+    return torch.stack(codes, dim=1)
+
+
+def _residual_codes(rvq: nn.Module, latents: torch.Tensor, count: int) -> list[torch.Tensor]:
+    if rvq.input_proj is not None:
+        latents = F.conv1d(latents, rvq.input_proj.weight)
+    residual = latents.transpose(1, 2)
+    batch, frames, dim = residual.shape
+    codes = []
+    for index in range(count):
+        embed = rvq.layers[index].codebook.embed
+        flat = residual.reshape(-1, dim)
+        nearest = torch.cdist(flat[None].float(), embed[None].float(), p=2)[0].argmin(dim=-1)
+        residual = residual - F.embedding(nearest, embed).view(batch, frames, dim)
+        codes.append(nearest.view(batch, frames))
+    return codes
