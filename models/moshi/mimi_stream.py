@@ -168,7 +168,7 @@ class MimiStreamDecoder:
             raise ValueError(f"{len(states)} states for a batch of {codes.shape[0]}")
         columns = zip(*(s.convs for s in states), strict=True)
         carry = _Carry([column[0] if len(column) == 1 else torch.cat(column) for column in columns])
-        hidden = self.mimi.quantizer.decode(codes)
+        hidden = _dequantize(self.mimi.quantizer, codes)
         if self.upsample is not None:
             hidden = _transposed(self.upsample, hidden, carry)
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
@@ -176,6 +176,24 @@ class MimiStreamDecoder:
         for row, state in enumerate(states):
             state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
         return audio
+
+
+def _dequantize(quantizer: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    """`MimiSplitResidualVectorQuantizer.decode`: codes (B, Q, T) -> (B, D, T), summed in the
+    same order, without its per-codebook module and layout calls."""
+    semantic = quantizer.num_semantic_quantizers
+    out = _residual_sum(quantizer.semantic_residual_vector_quantizer, codes[:, :semantic])
+    if codes.shape[1] > semantic:
+        out = out + _residual_sum(quantizer.acoustic_residual_vector_quantizer, codes[:, semantic:])
+    return out
+
+
+def _residual_sum(rvq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    total = F.embedding(codes[:, 0], rvq.layers[0].codebook.embed)
+    for index in range(1, codes.shape[1]):
+        total = total + F.embedding(codes[:, index], rvq.layers[index].codebook.embed)
+    total = total.transpose(1, 2)
+    return total if rvq.output_proj is None else F.conv1d(total, rvq.output_proj.weight)
 
 
 def _carried_convs(layers):
