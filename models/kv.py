@@ -266,13 +266,14 @@ class KVBatch:
         self.lengths = [kv.length for kv in kvs]
         self.width = max(self.lengths) + n
         device = kvs[0].device
-        rows = torch.tensor([kv.rows for kv in kvs], device=device)
-        length = torch.repeat_interleave(torch.tensor(self.lengths, device=device), rows)
-        seen = torch.repeat_interleave(torch.tensor([kv.seen for kv in kvs], device=device), rows)
-        steps = torch.arange(n, device=device)
-        delta = (length[:, None] + steps)[:, :, None] - torch.arange(self.width, device=device)
+        # One small tensor built from Python ints: this runs per layer stack and frame, where a
+        # handful of tensor ops more is a noticeable share of a tiny model's step.
+        first = torch.tensor(
+            [[kv.length, kv.seen] for kv in kvs for _ in range(kv.rows)], device=device
+        )[:, :, None] + torch.arange(n, device=device)
+        delta = first[:, 0, :, None] - torch.arange(self.width, device=device)
         self.mask = ((delta >= 0) & (delta < kvs[0].window))[:, None]
-        self.position_ids = seen[:, None] + steps
+        self.position_ids = first[:, 1]
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -305,3 +306,26 @@ class KVBatch:
             added = self.n if counts is None else counts[i]
             kv.length += added
             kv.seen += added
+
+
+class StepKV:
+    """Keys and values of a short run that every row steps through alike, one position at a
+    time (Moshi's depth decoder over the codebooks of one frame): no padding and no window, so
+    attention needs no mask and the cache is rebuilt per run rather than kept."""
+
+    position_ids = None
+
+    def __init__(self, layers: int):
+        self.k: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+        self.v: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """q (rows, heads, 1, dim), k and v (rows, kv_heads, 1, dim) -> (rows, heads, 1, dim)."""
+        self.k[layer].append(k)
+        self.v[layer].append(v)
+        keys, values = torch.cat(self.k[layer], dim=2), torch.cat(self.v[layer], dim=2)
+        return F.scaled_dot_product_attention(
+            q, keys, values, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )

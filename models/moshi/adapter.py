@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.models.moshi.modeling_moshi import apply_rotary_pos_emb
 
@@ -54,7 +55,7 @@ from models.base import (
     ThinkerToken,
     untimed,
 )
-from models.kv import KVBatch, SlidingKV, tensor_bytes
+from models.kv import KVBatch, SlidingKV, StepKV, tensor_bytes
 from models.moshi import duplex, tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.reply import ReplySpec
@@ -99,27 +100,41 @@ class _Turn:
 def _layers_step(
     layers: nn.ModuleList,
     hidden: torch.Tensor,
-    batch: KVBatch,
-    codebook_idx: torch.Tensor | None = None,
+    batch: KVBatch | StepKV,
+    codebook: int | None = None,
 ) -> torch.Tensor:
-    """`MoshiDecoderLayer`s over (B, n, H) new positions with the KV of `batch`."""
+    """`MoshiDecoderLayer`s over (B, n, H) new positions with the KV of `batch`.
+
+    With `codebook`, the layers' per-codebook (flexible) weights are that codebook's: one
+    `F.linear` on its slice instead of transformers' select, transpose and batched matmul, which
+    on a tiny depth decoder cost more than the arithmetic."""
+
+    def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if codebook is None:
+            return module(x)
+        weight = module.linear.weight if hasattr(module, "linear") else module.weight
+        return F.linear(x, weight[codebook])
+
     rotary = layers[0].self_attn.rotary_emb
     rope = None if rotary is None else rotary(hidden, batch.position_ids)
     for index, layer in enumerate(layers):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
         shape = (*x.shape[:2], -1, attn.head_dim)
-        q = attn.q_proj(x, codebook_idx).view(shape).transpose(1, 2)
-        k = attn.k_proj(x, codebook_idx).view(shape).transpose(1, 2)
-        v = attn.v_proj(x, codebook_idx).view(shape).transpose(1, 2)
+        q = project(attn.q_proj, x).view(shape).transpose(1, 2)
+        k = project(attn.k_proj, x).view(shape).transpose(1, 2)
+        v = project(attn.v_proj, x).view(shape).transpose(1, 2)
         if rope is not None:
             q, k = apply_rotary_pos_emb(q, k, *rope)
         out = batch.attend(index, q, k, v, attn.scaling).transpose(1, 2).reshape(*x.shape[:2], -1)
-        hidden = hidden + attn.o_proj(out, codebook_idx)
+        hidden = hidden + project(attn.o_proj, out)
         x = layer.post_attention_layernorm(hidden)
-        hidden = hidden + (
-            layer.mlp(x, codebook_idx) if layer.use_flexible_linear else layer.mlp(x)
-        )
+        if codebook is None:
+            hidden = hidden + layer.mlp(x)
+        else:
+            # `MoshiGatingMLP`: fc1 gives the gate and the value side by side.
+            gate, value = project(layer.mlp.fc1, x).view(*x.shape[:2], 2, -1).unbind(2)
+            hidden = hidden + project(layer.mlp.fc2, layer.mlp.activation_fn(gate) * value)
     return hidden
 
 
@@ -351,26 +366,14 @@ class MoshiAdapter(DuplexModel):
     def _depth(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """Greedy depth decoding: hidden (B, 1, H), text ids (B,) -> codes (B, Q)."""
         depth = self.model.depth_decoder
-        config = depth.config
-        kv = SlidingKV(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            self.num_codebooks,
-            rows=hidden.shape[0],
-            dtype=self._dtype,
-            device=self._device,
-        )
+        kv = StepKV(len(depth.layers))
         previous = text[:, None]
         codes = []
         for codebook in range(self.num_codebooks):
-            index = torch.tensor([codebook], device=self._device)
             table = depth.text_embed_tokens if codebook == 0 else depth.embed_tokens[codebook - 1]
-            embeds = table(previous) + depth.input_projections(hidden, index)
-            batch = KVBatch([kv], 1)
-            out = _layers_step(depth.layers, embeds, batch, index)
-            batch.commit()
-            previous = depth.lm_heads(out, index).argmax(-1)
+            embeds = table(previous) + F.linear(hidden, depth.input_projections.weight[codebook])
+            out = _layers_step(depth.layers, embeds, kv, codebook)
+            previous = F.linear(out, depth.lm_heads.weight[codebook]).argmax(-1)
             codes.append(previous[:, 0])
         return torch.stack(codes, dim=1)
 

@@ -7,10 +7,11 @@ causal conv (the last `padding_total` inputs), of every transposed conv (the ove
 its output) and of the decoder transformer (a sliding-window KV cache), so streaming output equals
 `mimi.decode(codes)` up to float rounding.
 
-Encoding: `MimiStreamEncoder` runs the convolutions through transformers' own
-`MimiConv1dPaddingCache` path (exact when chunks are whole frames) and the encoder transformer
-through the same sliding-window KV as the decoder, because `encode(..., use_streaming=True)` keeps
-one cache for the whole batch and cannot mix sessions of different ages.
+Encoding: `MimiStreamEncoder` carries the last `padding_total` inputs of every conv as the
+decoder does (what transformers' `MimiConv1dPaddingCache` keeps; exact when chunks are whole
+frames) and runs the encoder transformer through the same sliding-window KV as the decoder,
+because `encode(..., use_streaming=True)` keeps one cache for the whole batch and cannot mix
+sessions of different ages.
 
 Each session owns a state object (`new_state()`); one `decode` / `encode` call stacks the states
 of all sessions in the batch along the batch axis, runs one forward and writes the states back.
@@ -26,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.mimi.modeling_mimi import (
     MimiConv1d,
-    MimiConv1dPaddingCache,
     MimiConvTranspose1d,
     MimiResnetBlock,
     apply_rotary_pos_emb,
@@ -107,6 +107,29 @@ class _Carry:
         self.incoming = iter(incoming)
         self.outgoing: list[torch.Tensor] = []
 
+    def left(self, module: MimiConv1d, x: torch.Tensor) -> torch.Tensor:
+        return next(self.incoming)
+
+
+class _EncodeCarry(_Carry):
+    """The conv states of one encode call, row by row: a session's first call has none yet and
+    pads as `MimiConv1d` does at the start of a stream (zeros, or its first input replicated)."""
+
+    def __init__(self, rows: list[list[torch.Tensor | None]]):
+        super().__init__(list(zip(*rows, strict=True)))
+
+    def left(self, module: MimiConv1d, x: torch.Tensor) -> torch.Tensor:
+        column = next(self.incoming)
+        if all(left is not None for left in column):
+            return column[0] if len(column) == 1 else torch.cat(column)
+        padding = int(module.padding_total)
+        return torch.cat([
+            left if left is not None
+            else x[row : row + 1, :, :1].expand(-1, -1, padding) if module.pad_mode == "replicate"
+            else x.new_zeros(1, x.shape[1], padding)
+            for row, left in enumerate(column)
+        ])
+
 
 class MimiStreamDecoder:
     """Streaming `MimiModel.decode`: codes (B, Q, T) -> audio (B, channels, T * frame_size)."""
@@ -145,7 +168,7 @@ class MimiStreamDecoder:
             raise ValueError(f"{len(states)} states for a batch of {codes.shape[0]}")
         columns = zip(*(s.convs for s in states), strict=True)
         carry = _Carry([column[0] if len(column) == 1 else torch.cat(column) for column in columns])
-        hidden = self.mimi.quantizer.decode(codes)
+        hidden = _dequantize(self.mimi.quantizer, codes)
         if self.upsample is not None:
             hidden = _transposed(self.upsample, hidden, carry)
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
@@ -153,6 +176,24 @@ class MimiStreamDecoder:
         for row, state in enumerate(states):
             state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
         return audio
+
+
+def _dequantize(quantizer: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    """`MimiSplitResidualVectorQuantizer.decode`: codes (B, Q, T) -> (B, D, T), summed in the
+    same order, without its per-codebook module and layout calls."""
+    semantic = quantizer.num_semantic_quantizers
+    out = _residual_sum(quantizer.semantic_residual_vector_quantizer, codes[:, :semantic])
+    if codes.shape[1] > semantic:
+        out = out + _residual_sum(quantizer.acoustic_residual_vector_quantizer, codes[:, semantic:])
+    return out
+
+
+def _residual_sum(rvq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    total = F.embedding(codes[:, 0], rvq.layers[0].codebook.embed)
+    for index in range(1, codes.shape[1]):
+        total = total + F.embedding(codes[:, index], rvq.layers[index].codebook.embed)
+    total = total.transpose(1, 2)
+    return total if rvq.output_proj is None else F.conv1d(total, rvq.output_proj.weight)
 
 
 def _carried_convs(layers):
@@ -184,7 +225,8 @@ def _run(layers, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
 
 
 def _causal(module: MimiConv1d, x: torch.Tensor, carry: _Carry) -> torch.Tensor:
-    left = next(carry.incoming)
+    # Whole frames in: the next output window starts `padding_total` inputs before the end.
+    left = carry.left(module, x)
     if left.shape[-1]:
         x = torch.cat([left, x], dim=-1)
     carry.outgoing.append(x[..., x.shape[-1] - left.shape[-1] :])
@@ -200,10 +242,7 @@ def _transposed(module: MimiConvTranspose1d, x: torch.Tensor, carry: _Carry) -> 
     conv = module.conv
     stride = conv.stride[0]
     tail = next(carry.incoming)
-    if conv.groups == 1:
-        y = _overlap_add(x, conv.weight, stride)
-    else:
-        y = F.conv_transpose1d(x, conv.weight, None, stride, groups=conv.groups)
+    y = _overlap_add(x, conv.weight, stride, conv.groups)
     y[..., : tail.shape[-1]] += tail
     keep = x.shape[-1] * stride
     carry.outgoing.append(y[..., keep:])
@@ -212,27 +251,33 @@ def _transposed(module: MimiConvTranspose1d, x: torch.Tensor, carry: _Carry) -> 
 
 
 def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """`conv(x)` (no padding, stride 1) as unfold + one `F.linear`."""
+    """`conv(x)` (no padding) as unfold + one `F.linear`."""
     out_channels, in_channels, kernel = conv.weight.shape
     dilation = conv.dilation[0]
-    cols = x.unfold(-1, (kernel - 1) * dilation + 1, 1)[..., ::dilation]
+    cols = x.unfold(-1, (kernel - 1) * dilation + 1, conv.stride[0])[..., ::dilation]
     cols = cols.transpose(1, 2).reshape(x.shape[0], cols.shape[2], in_channels * kernel)
     weight = conv.weight.view(out_channels, in_channels * kernel)
     return F.linear(cols, weight, conv.bias).transpose(1, 2)
 
 
-def _overlap_add(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Tensor:
-    """`conv_transpose1d(x, weight, stride=stride)` as one matmul plus overlap-add.
+def _overlap_add(
+    x: torch.Tensor, weight: torch.Tensor, stride: int, groups: int = 1
+) -> torch.Tensor:
+    """`conv_transpose1d(x, weight, stride=stride, groups=groups)` as one (grouped) matmul plus
+    overlap-add.
 
     On CPU, torch sends a transposed conv over a few input steps to its slow im2col path, which
-    costs as much for 2 steps as for 50; a matmul keeps the cost proportional to the input.
+    costs as much for 2 steps as for 50 (and a grouped one, Mimi's upsampling, more still); a
+    matmul keeps the cost proportional to the input.
     """
-    batch, _, length = x.shape
-    channels, kernel = weight.shape[1], weight.shape[2]
+    batch, in_channels, length = x.shape
+    per_group, kernel = weight.shape[1], weight.shape[2]
+    channels = per_group * groups
     pieces = -(-kernel // stride)
-    cols = (x.transpose(1, 2) @ weight.reshape(weight.shape[0], -1)).view(
-        batch, length, channels, kernel
-    )
+    grouped = x.reshape(batch, groups, in_channels // groups, length).transpose(2, 3)
+    cols = grouped @ weight.view(groups, in_channels // groups, per_group * kernel)
+    cols = cols.view(batch, groups, length, per_group, kernel).transpose(1, 2)
+    cols = cols.reshape(batch, length, channels, kernel)
     if pieces * stride != kernel:
         cols = F.pad(cols, (0, pieces * stride - kernel))
     cols = cols.view(batch, length, channels, pieces, stride).permute(0, 2, 3, 1, 4)
@@ -244,7 +289,8 @@ def _overlap_add(x: torch.Tensor, weight: torch.Tensor, stride: int) -> torch.Te
 
 @dataclass
 class MimiEncodeState:
-    """One session's encoder carry: transformers' per-conv padding entries, and the KV."""
+    """One session's encoder carry: the last inputs of each conv (None before its first frame),
+    and the transformer KV."""
 
     convs: list[torch.Tensor | None]
     kv: SlidingKV
@@ -258,54 +304,23 @@ class MimiEncodeState:
         self.kv.release()
 
 
-class _RowPaddingCache(MimiConv1dPaddingCache):
-    """`MimiConv1dPaddingCache` whose entries live per session, so fresh and running sessions
-    (which transformers would initialise all at once or not at all) share one batch."""
-
-    def __init__(self, layout: tuple[list[int], list[str], list[int]], rows: list[list]):
-        super().__init__(len(layout[0]), *layout)
-        self.rows = rows
-
-    def update(self, hidden_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        padding = self.per_layer_padding[layer_idx]
-        channels = self.per_layer_in_channels[layer_idx]
-        current = []
-        for i, row in enumerate(self.rows):
-            if row[layer_idx] is not None:
-                current.append(row[layer_idx])
-            elif self.per_layer_padding_mode[layer_idx] == "replicate":
-                current.append(hidden_states[i : i + 1, :, :1].expand(-1, -1, padding))
-            else:
-                current.append(hidden_states.new_zeros(1, channels, padding))
-        current = torch.cat(current)
-        if hidden_states.shape[-1] >= padding:
-            kept = hidden_states[..., hidden_states.shape[-1] - padding :]
-        else:
-            kept = torch.cat([current, hidden_states], dim=-1)[..., -padding:]
-        for i, row in enumerate(self.rows):
-            row[layer_idx] = kept[i : i + 1].clone()
-        return current
-
-
 class MimiStreamEncoder:
-    """Streaming `MimiModel.encode`: audio (B, channels, k * frame_size) -> codes (B, Q, k)."""
+    """Streaming `MimiModel.encode`: audio (B, channels, k * frame_size) -> codes (B, Q, k).
+
+    The convs run as the decoder's do (each carries its last inputs; a strided conv given whole
+    frames ends its windows exactly there), which is what transformers' `MimiConv1dPaddingCache`
+    path computes, without its per-layer padding arithmetic."""
 
     def __init__(self, mimi: nn.Module, num_quantizers: int | None = None):
         self.mimi = mimi
         self.num_quantizers = num_quantizers
         self.frame_samples = int(mimi.config.frame_size)
         self.seanet, self.transformer, self.downsample = _encoder_parts(mimi)
-        convs = [self.seanet.get_submodule(name) for name in self.seanet._conv1d_layer_names]
-        convs.append(self.downsample)
-        self._layout = (
-            [int(c.padding_total) for c in convs],
-            [c.pad_mode for c in convs],
-            [c.in_channels for c in convs],
-        )
+        self._carried = [*_carried_convs(self.seanet.layers), self.downsample]
 
     def new_state(self) -> MimiEncodeState:
         param = next(self.mimi.parameters())
-        convs = [None] * len(self._layout[0])
+        convs = [None] * len(self._carried)
         return MimiEncodeState(convs, _new_kv(self.transformer, param.dtype, param.device))
 
     @torch.inference_mode()
@@ -314,8 +329,38 @@ class MimiStreamEncoder:
             raise ValueError(f"{len(states)} states for a batch of {audio.shape[0]}")
         if audio.shape[-1] % self.frame_samples:
             raise ValueError(f"chunks must be whole frames of {self.frame_samples} samples")
-        cache = _RowPaddingCache(self._layout, [s.convs for s in states])
-        hidden = self.seanet(audio, padding_cache=cache)
+        carry = _EncodeCarry([s.convs for s in states])
+        hidden = _run(self.seanet.layers, audio, carry)
         hidden = _transformer_step(self.transformer, hidden.transpose(1, 2), [s.kv for s in states])
-        latents = self.downsample(hidden.transpose(1, 2), padding_cache=cache)
-        return self.mimi.quantizer.encode(latents, self.num_quantizers).transpose(0, 1)
+        latents = _causal(self.downsample, hidden.transpose(1, 2), carry)
+        for row, state in enumerate(states):
+            state.convs = [t[row : row + 1].clone() for t in carry.outgoing]
+        return _quantize(self.mimi.quantizer, latents, self.num_quantizers)
+
+
+def _quantize(quantizer: nn.Module, latents: torch.Tensor, count: int | None) -> torch.Tensor:
+    """`MimiSplitResidualVectorQuantizer.encode` (B, D, T) -> codes (B, Q, T): the same
+    projections, distances and residuals, without its per-codebook module and layout calls."""
+    count = quantizer.max_num_quantizers if count is None else count
+    semantic = quantizer.num_semantic_quantizers
+    codes = _residual_codes(quantizer.semantic_residual_vector_quantizer, latents, semantic)
+    if count > semantic:
+        codes += _residual_codes(
+            quantizer.acoustic_residual_vector_quantizer, latents, count - semantic
+        )
+    return torch.stack(codes, dim=1)
+
+
+def _residual_codes(rvq: nn.Module, latents: torch.Tensor, count: int) -> list[torch.Tensor]:
+    if rvq.input_proj is not None:
+        latents = F.conv1d(latents, rvq.input_proj.weight)
+    residual = latents.transpose(1, 2)
+    batch, frames, dim = residual.shape
+    codes = []
+    for index in range(count):
+        embed = rvq.layers[index].codebook.embed
+        flat = residual.reshape(-1, dim)
+        nearest = torch.cdist(flat[None].float(), embed[None].float(), p=2)[0].argmin(dim=-1)
+        residual = residual - F.embedding(nearest, embed).view(batch, frames, dim)
+        codes.append(nearest.view(batch, frames))
+    return codes

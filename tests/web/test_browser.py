@@ -28,23 +28,25 @@ def fake_microphone(path: Path) -> Path:
     return path
 
 
+def chromium_args(mic: Path) -> list[str]:
+    """Headless Chromium granting a fake microphone that plays `mic` in a loop."""
+    return [
+        "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={mic}",
+        "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns",
+        "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required",
+    ]
+
+
 @pytest.mark.slow
 async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path):
     server = server_process("--model", "echo")
     mic = fake_microphone(tmp_path / "mic.wav")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={mic}",
-                "--allow-loopback-in-peer-connection",
-                "--disable-features=WebRtcHideLocalIpsWithMdns",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required",
-            ],
-        )
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(mic))
         page = await browser.new_page()
         try:
             await page.goto(server.url)
@@ -62,6 +64,53 @@ async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path)
             assert await page.locator("#problem").is_hidden()
         finally:
             await page.screenshot(path=str(ARTIFACTS / "browser-session.png"), full_page=True)
+            await browser.close()
+
+
+@pytest.mark.slow
+async def test_page_with_the_full_duplex_switch_on_hears_and_answers_at_once(server_process,
+                                                                             tmp_path):
+    """Echo in native duplex repeats the caller a frame later: its reply starts while the
+    caller is still speaking (by turns it would wait for the end of speech) and keeps coming
+    while the microphone keeps sending."""
+    server = server_process("--model", "echo")
+    mic = fake_microphone(tmp_path / "mic.wav")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(mic))
+        page = await browser.new_page()
+        try:
+            await page.goto(server.url)
+            await page.wait_for_function("!document.getElementById('duplex').disabled")
+            assert not await page.is_checked("#duplex")
+            await page.check("#duplex")
+            await page.click("#connect")
+            await page.wait_for_function("window.duplex.events.includes('session.updated')",
+                                         timeout=20_000)
+            await page.wait_for_function(
+                "window.duplex.events.includes('input_audio_buffer.speech_stopped')",
+                timeout=30_000)
+            events = await page.evaluate("window.duplex.events")
+            # The model spoke before the caller's speech ended: nothing waited for a turn.
+            assert "response.created" in events, events
+            assert (events.index("response.created")
+                    < events.index("input_audio_buffer.speech_stopped")), events
+            assert "response.output_audio.delta" not in events  # WebRTC carries the audio
+            await page.wait_for_selector("#transcript .assistant .text:text('frame')",
+                                         timeout=20_000)
+            # The microphone loops: speech comes round again and so does the echo of it.
+            replies = events.count("response.created")
+            await page.wait_for_function(
+                f"window.duplex.events.filter(t => t === 'response.created').length > {replies}",
+                timeout=30_000)
+            received = await page.evaluate("window.duplex.audioBytesReceived")
+            await page.wait_for_function(f"window.duplex.audioBytesReceived > {received}",
+                                         timeout=10_000)
+            events = await page.evaluate("window.duplex.events")
+            assert "response.done" in events and "error" not in events, events
+            assert await page.locator("#problem").is_hidden()
+        finally:
+            await page.screenshot(path=str(ARTIFACTS / "browser-duplex.png"), full_page=True)
             await browser.close()
 
 
