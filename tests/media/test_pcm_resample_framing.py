@@ -67,3 +67,34 @@ def test_framer_carries_the_remainder(sizes, frame):
     rest = framer.flush()
     assert len(rest) < frame
     np.testing.assert_array_equal(np.concatenate([*out, rest]) if out else rest, source)
+
+
+def _chunks(signal, sizes):
+    at = 0
+    for n in sizes:
+        yield signal[at:at + n]
+        at += n
+    yield signal[at:]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 1500), min_size=1, max_size=12),
+       st.lists(st.integers(1, 1500), max_size=8), st.integers(0, 2**32 - 1))
+def test_a_resampler_resumed_from_its_state_goes_on_sample_for_sample(before, after, seed):
+    """The model's input resampler after a resume on another node: A then B through one
+    resampler equals A through one, its state saved and restored, B through the new one."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-0.5, 0.5, sum(before)).astype(np.float32)
+    b = rng.uniform(-0.5, 0.5, sum(after) + 2000).astype(np.float32)
+    whole = Resampler(24000, 16000, "VHQ")
+    expected = np.concatenate([whole.process(c) for c in [*_chunks(a, before),
+                                                          *_chunks(b, after)]])
+    first = Resampler(24000, 16000, "VHQ")
+    heard = [first.process(c) for c in _chunks(a, before)]
+    state = first.state()
+    resumed = Resampler.resume(24000, 16000, "VHQ", state)
+    heard += [resumed.process(c) for c in _chunks(b, after)]
+    got = np.concatenate(heard)
+    assert len(got) == len(expected) > 0
+    assert np.array_equal(got, expected)
+    assert resumed.fed == whole.fed and resumed.emitted == whole.emitted
