@@ -96,7 +96,9 @@ class MediaClock:
             # The echo in this audio is of what played when it was captured, not when it came
             # in: a late frame would otherwise shift the canceller's reference by its delay.
             playhead = self.pacer.played(self._input_end + self._input_lag)
-            out.append(VadFeed(self.guard.clean(pcm, playhead)))
+            replying = (bool(self.pacer) or playhead < self.pacer.tx_samples
+                        or self.core.pause is not None)
+            out.append(VadFeed(self.guard.clean(pcm, playhead), urgent=replying))
         return out
 
     def input_state(self) -> ResamplerState:
