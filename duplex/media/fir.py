@@ -68,9 +68,11 @@ class FirResampler:
         pos = k * self.down
         last = pos // self.up - self._base
         phase = self._phases[pos % self.up]
+        taps = (self._buf[last[None, :] - np.arange(self.span)[:, None]] * phase.T)
+        # Tap by tap, never a reduction whose order could depend on how many outputs there are.
         acc = np.zeros(len(k), np.float64)
-        for j in range(self.span):
-            acc += phase[:, j] * self._buf[last - j]
+        for tap in taps:
+            acc += tap
         self.emitted = max(self.emitted, ready)
         drop = max(0, len(self._buf) - self.span)
         self._buf = self._buf[drop:]
