@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from duplex.media import Resampler
-from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.echo import EchoGuard
+from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
