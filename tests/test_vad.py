@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from duplex.bench.synth import babble
-from duplex.engine.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadStream
+from duplex.engine.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadService, VadStream
+from tests.waiting import until
 
 
 def signals():
@@ -53,3 +54,19 @@ def test_one_stream_matches_silero_s_own_streaming_model():
         theirs = [float(reference(torch.from_numpy(speech[i:i + VAD_CHUNK]), VAD_RATE))
                   for i in range(0, len(speech) - VAD_CHUNK + 1, VAD_CHUNK)]
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_audio_of_a_session_mid_reply_skips_the_batching_wait_and_takes_the_rest_along():
+    """A session whose reply is playing gets its probabilities at once (a barge-in pauses
+    that reply); audio other sessions sent meanwhile rides in the same forward."""
+    service = VadService(gather_s=600.0)
+    try:
+        got: dict[str, list[float]] = {}
+        speech = babble(VAD_CHUNK * 2, rate=VAD_RATE, seed=3)
+        service.submit(VadStream(), speech, lambda p: got.setdefault("idle", p))
+        service.submit(VadStream(), speech, lambda p: got.setdefault("replying", p), urgent=True)
+        until(lambda: len(got) == 2, "both sessions' probabilities, long before the wait ends")
+        assert len(got["idle"]) == len(got["replying"]) == 2
+        assert got["idle"] == got["replying"]
+    finally:
+        service.stop()

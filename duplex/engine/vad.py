@@ -71,8 +71,9 @@ class VadService:
     After the first audio arrives the thread waits `gather_s` (one VAD chunk) for the other
     sessions' frames, so all of them share one forward. Woken per frame instead, it ran a small
     forward for a few sessions at a time and took 44% of a core at 45 sessions; 12% this way.
-    The price is up to one chunk (32 ms) more before a speech start, and so a barge-in, is
-    detected, even with a single session.
+    The price is up to one chunk (32 ms) more before a speech start is detected. Audio
+    submitted `urgent` (a session whose reply is playing: a barge-in pauses it) ends the wait
+    at once, taking along whatever the other sessions sent so far.
     """
 
     def __init__(self, gather_s: float = VAD_CHUNK / VAD_RATE) -> None:
@@ -87,9 +88,10 @@ class VadService:
         """A session's detector state, its own from the first chunk."""
         return VadStream()
 
-    def submit(self, stream: VadStream, pcm: np.ndarray, callback) -> None:
-        """Queue 16 kHz audio; `callback(probs)` runs on the VAD thread with its probabilities."""
-        self._queue.put((stream, pcm, callback))
+    def submit(self, stream: VadStream, pcm: np.ndarray, callback, urgent: bool = False) -> None:
+        """Queue 16 kHz audio; `callback(probs)` runs on the VAD thread with its probabilities.
+        `urgent`: run the batch now rather than wait for other sessions' audio."""
+        self._queue.put((stream, pcm, callback, urgent))
 
     def stop(self) -> None:
         self._queue.put(None)
@@ -101,17 +103,20 @@ class VadService:
             if first is None:
                 return
             batch = [first]
-            time.sleep(self.gather_s)
+            deadline = time.monotonic() + self.gather_s
+            urgent = first[3]
             while True:
                 try:
-                    item = self._queue.get_nowait()
+                    item = (self._queue.get_nowait() if urgent else
+                            self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
                 if item is None:
                     return
                 batch.append(item)
+                urgent = urgent or item[3]
             merged: dict[int, tuple[VadStream, list[np.ndarray], object]] = {}
-            for stream, pcm, callback in batch:
+            for stream, pcm, callback, _ in batch:
                 merged.setdefault(id(stream), (stream, [], callback))[1].append(pcm)
             entries = list(merged.values())
             probs = self._vad.process(

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from duplex.media.fir import ResamplerState
+
 FLAC = "flac"
 Heard = Callable[[int], int | None]
 """Samples heard (at the reply's output rate) of the reply with this core id; None: all."""
@@ -159,6 +161,9 @@ class ContextRecord:
         self.head: tuple[str, tuple[dict[str, Any], ...]] | None = None
         self.spans: list[Span] = []
         self.left_out = 0
+        self.resampler: ResamplerState | None = None
+        """Where the model's input resampler stood when the record was saved: a new connection
+        goes on from there, so new audio reaches the model as it would have without the drop."""
 
     # -- what the session hands the engine, in order -----------------------------------------
 
@@ -195,9 +200,9 @@ class ContextRecord:
 
     # -- saved and loaded ---------------------------------------------------------------------
 
-    def to_record(self, heard: Heard) -> dict[str, Any]:
+    def to_record(self, heard: Heard, resampler: ResamplerState | None = None) -> dict[str, Any]:
         """Plain JSON for the registry: replies cut at what was heard, audio as FLAC, the
-        oldest turns left out past `max_bytes`."""
+        oldest turns left out past `max_bytes`, and the input resampler's `resampler` state."""
         entries: list[dict[str, Any]] = []
         for span in self.spans:
             if isinstance(span, AudioSpan):
@@ -223,8 +228,13 @@ class ContextRecord:
             left_out += 1
         head = None if self.head is None else {"instructions": self.head[0],
                                                "tools": list(self.head[1])}
-        return {"rate": self.input_rate, "head": head, "entries": entries,
-                "left_out": left_out}
+        saved = {"rate": self.input_rate, "head": head, "entries": entries,
+                 "left_out": left_out}
+        if resampler is not None:
+            saved["resampler"] = {"fed": resampler.fed, "emitted": resampler.emitted,
+                                  "tail": base64.b64encode(resampler.tail.astype("<f4").tobytes())
+                                  .decode()}
+        return saved
 
     @classmethod
     def from_record(cls, data: dict[str, Any], input_rate: int, output_rate: int,
@@ -237,6 +247,9 @@ class ContextRecord:
         if head is not None:
             record.head = (head["instructions"], tuple(head["tools"]))
         record.left_out = data.get("left_out", 0)
+        if (r := data.get("resampler")) is not None:
+            tail = np.frombuffer(base64.b64decode(r["tail"]), "<f4").astype(np.float32)
+            record.resampler = ResamplerState(tail, r["fed"], r["emitted"])
         for e in data.get("entries", []):
             if "audio" in e:
                 record.spans.append(AudioSpan(blocks=list(zip(e["samples"], e["audio"],

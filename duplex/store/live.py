@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from duplex.media.fir import ResamplerState
+
 
 @dataclass
 class Parked:
@@ -19,6 +21,8 @@ class Parked:
     reply_epoch: int
     """The engine's reply epoch, which the session that takes it over continues from."""
     release: Callable[[], None]
+    resampler: ResamplerState | None = None
+    """Where the dropped connection's input resampler stood: the engine holds all it gave."""
     _expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from duplex.media import Resampler
 from duplex.media.echo import EchoGuard
+from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
@@ -70,7 +71,9 @@ class MediaClock:
         self.detector = detector
         self.pacer: OutputPacer[Any] = OutputPacer(lead_samples)
         self.model_output_rate = model_output_rate
-        self._to_model = Resampler(rate, model_input_rate)
+        # A resume on another node re-primes it from its saved state and it goes on sample for
+        # sample, so the model hears what an uninterrupted session's would.
+        self._to_model = FirResampler(rate, model_input_rate)
         self.guard = EchoGuard(rate)
         """What the speech detector hears: the microphone less the echo of our own reply."""
         self._input_end = 0
@@ -93,8 +96,18 @@ class MediaClock:
             # The echo in this audio is of what played when it was captured, not when it came
             # in: a late frame would otherwise shift the canceller's reference by its delay.
             playhead = self.pacer.played(self._input_end + self._input_lag)
-            out.append(VadFeed(self.guard.clean(pcm, playhead)))
+            replying = (bool(self.pacer) or playhead < self.pacer.tx_samples
+                        or self.core.pause is not None)
+            out.append(VadFeed(self.guard.clean(pcm, playhead), urgent=replying))
         return out
+
+    def input_state(self) -> ResamplerState:
+        """Where the model's input resampler stands, for a resume to go on from."""
+        return self._to_model.state()
+
+    def resume_input(self, state: ResamplerState) -> None:
+        r = self._to_model
+        self._to_model = FirResampler.resume(r.in_rate, r.out_rate, state)
 
     def speech_decisions(self, probs: list[float]) -> Iterator[SpeechCommand]:
         """The detector's decisions, each followed by the chunk's activity (which judges a

@@ -77,6 +77,8 @@ class EngineSetDuplex:
 class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""
+    urgent: bool = False
+    """A reply is playing or paused: a speech start pauses it, so no batching wait."""
 
 
 @dataclass(frozen=True)

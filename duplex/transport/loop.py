@@ -176,7 +176,7 @@ class SessionLoop:
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
                 self.vad.submit(self.vad_stream, effect.pcm,
-                                lambda probs: self.post(SpeechProbs(probs)))
+                                lambda probs: self.post(SpeechProbs(probs)), effect.urgent)
             elif isinstance(effect, EngineCommit):
                 self.engine.commit(sid, effect.epoch, effect.spec)
             elif isinstance(effect, EnginePushText):

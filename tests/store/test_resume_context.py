@@ -18,6 +18,7 @@ import pytest
 import redis
 import websockets
 
+from duplex.store.context import decode_flac
 from tests.waiting import eventually
 
 RATE = 24000
@@ -119,6 +120,14 @@ async def heard_in_full(redis_url, session_id, transcripts):
     await eventually(done, "every reply heard in full in the registry")
 
 
+def heard_audio(redis_url, session_id):
+    """Each user audio turn as the model heard it (16-bit, at its input rate), from the
+    context record the session's node saved."""
+    _, context = saved(redis_url, session_id)
+    return [np.concatenate([decode_flac(base64.b64decode(b)) for b in e["audio"]])
+            for e in context.get("entries", []) if "audio" in e]
+
+
 GREEDY = {"max_output_tokens": 8}
 
 
@@ -146,29 +155,47 @@ async def test_reply_after_resume_on_another_node_equals_the_uninterrupted_reply
     client, resumed = await resume(b, session)
     assert resumed["type"] == "session.resumed"
     rebuilt = resumed["rebuilt_context"]
-    # The audio turn, its reply, the text turn, its reply; of the 0.8 s sent, what the
-    # streaming resampler had passed on to the model (its delay holds back a few ms).
+    # The audio turn, its reply, the text turn, its reply; all 0.8 s sent (the input
+    # resampler releases each sample as soon as it has the input at its position).
     assert (rebuilt["items"], rebuilt["left_out_items"], rebuilt["kept_live"]) == (4, 0, False)
-    assert 0.75 <= rebuilt["audio_seconds"] <= 0.8
-    await client.text_turn("and the day after?")
+    assert rebuilt["audio_seconds"] == 0.8
+    # An audio turn after the resume: the new connection's input resampler goes on from
+    # where node A's stood, so the model hears the samples an uninterrupted session's would
+    # (the few ms A's still held included).
+    await client.audio_turn(seed=12)
     after = await client.reply(output_modalities=["text"], **GREEDY)
+    await client.text_turn("and the day after?")
+    after_text = await client.reply(output_modalities=["text"], **GREEDY)
     await client.ws.close()
 
-    reference, _ = await new_session(b)
+    reference, reference_session = await new_session(b)
     await reference.send("session.update", session={"type": "realtime", "temperature": 0})
     await reference.until("session.updated")
     assert await conversation_before(reference) == before
-    await reference.text_turn("and the day after?")
+    await reference.audio_turn(seed=12)
     expected = await reference.reply(output_modalities=["text"], **GREEDY)
+    await reference.text_turn("and the day after?")
+    expected_text = await reference.reply(output_modalities=["text"], **GREEDY)
     await reference.ws.close()
     assert after and after == expected
+    assert after_text and after_text == expected_text
+    # The tiny model's few greedy tokens might not notice a few ms; the samples it was given
+    # show it: both audio turns reached it identically on both paths.
+    resumed_audio = await eventually(
+        lambda: len(a := heard_audio(redis_server.url, session["id"])) == 2 and a,
+        "the resumed session's second audio turn saved")
+    reference_audio = await eventually(
+        lambda: len(a := heard_audio(redis_server.url, reference_session["id"])) == 2 and a,
+        "the reference session's second audio turn saved")
+    for got, want in zip(resumed_audio, reference_audio, strict=True):
+        assert len(got) == len(want) and np.array_equal(got, want)
 
     # Without the context the same question gets another answer: the rebuild is what made
     # them equal.
     fresh, _ = await new_session(b)
     await fresh.send("session.update", session={"type": "realtime", "temperature": 0})
     await fresh.until("session.updated")
-    await fresh.text_turn("and the day after?")
+    await fresh.audio_turn(seed=12)
     assert await fresh.reply(output_modalities=["text"], **GREEDY) != expected
     await fresh.ws.close()
 
