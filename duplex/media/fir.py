@@ -69,10 +69,9 @@ class FirResampler:
         last = pos // self.up - self._base
         phase = self._phases[pos % self.up]
         taps = (self._buf[last[None, :] - np.arange(self.span)[:, None]] * phase.T)
-        # Tap by tap, never a reduction whose order could depend on how many outputs there are.
-        acc = np.zeros(len(k), np.float64)
-        for tap in taps:
-            acc += tap
+        # Summed over the leading axis of a C-ordered array, numpy adds row after row: tap by
+        # tap in one fixed order, never a reduction whose order depends on how many outputs.
+        acc = np.add.reduce(taps, axis=0)
         self.emitted = max(self.emitted, ready)
         drop = max(0, len(self._buf) - self.span)
         self._buf = self._buf[drop:]
