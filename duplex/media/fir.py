@@ -48,6 +48,11 @@ class FirResampler:
         # i_max * up + p.
         self._phases = np.stack([h[p::self.up][:span] for p in range(self.up)]).astype(np.float64)
         self.span = span
+        # The filter's centre, on the upsampled grid: output k is read this much later, so it
+        # lands where its input was (no delay on the session clock) once that input is in.
+        self._centre = n // 2
+        self.lookahead = -(-self._centre // self.down)
+        """Output samples held back until the input they centre on is in (1.3 ms or less)."""
         self.fed = 0
         self.emitted = 0
         self._buf = np.zeros(span, np.float32)
@@ -62,10 +67,11 @@ class FirResampler:
             return samples
         self._buf = np.concatenate([self._buf, samples])
         self.fed += len(samples)
-        # Output k sits at upsampled position k * down; it needs inputs up to that one.
-        ready = -(-self.fed * self.up // self.down)
+        # Output k sits at upsampled position k * down; the filter centred there needs inputs
+        # up to k * down + centre.
+        ready = max(self.emitted, -(-(self.fed * self.up - self._centre) // self.down))
         k = np.arange(self.emitted, ready)
-        pos = k * self.down
+        pos = k * self.down + self._centre
         last = pos // self.up - self._base
         phase = self._phases[pos % self.up]
         taps = (self._buf[last[None, :] - np.arange(self.span)[:, None]] * phase.T)
