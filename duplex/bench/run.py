@@ -60,6 +60,7 @@ class ScriptedClient:
         self.speech_end: float | None = None
         self.awaiting_first_audio = False
         self.reply_start: float | None = None
+        self.paused_at: float | None = None
         self.reply_audio_s = 0.0
         self.response_id: str | None = None
         self.last_delta_at: dict[str, float] = {}
@@ -87,6 +88,13 @@ class ScriptedClient:
                 self.rec.pause_ms.append(ms)
             if self.response_id is not None:
                 self.barge_decision[self.response_id] = now
+            self.paused_at = now
+        elif kind == "duplex.output.resumed":
+            # A false interruption's gap is the server holding the reply on purpose, not the
+            # engine falling behind: the listener's clock of the reply stops while it lasts.
+            if self.reply_start is not None and self.paused_at is not None:
+                self.reply_start += now - self.paused_at
+            self.paused_at = None
         elif kind == "response.created":
             self.response_id = event["response"]["id"]
             self.reply_start = None
