@@ -5,7 +5,6 @@ same conversation. A resume on the node that kept the dropped connection's engin
 it over with no prefill at all. (What was generated but never heard stays out of the record:
 tests/store/test_context.py.)"""
 
-import asyncio
 import base64
 import json
 import os
@@ -16,9 +15,9 @@ import httpx
 import numpy as np
 import pytest
 import redis
-import websockets
 
 from duplex.store.context import decode_flac
+from tests.store.test_resume_cluster import Client as WireClient
 from tests.waiting import eventually
 
 RATE = 24000
@@ -41,29 +40,17 @@ def omni_cluster(server_process, redis_server, tiny_omni_dir):
     return node
 
 
-class Client:
-    def __init__(self, ws):
-        self.ws = ws
-
-    @classmethod
-    async def connect(cls, server):
-        ws = await websockets.connect(server.url.replace("http", "ws") + "/v1/realtime",
-                                      compression=None, max_size=None)
-        return cls(ws)
-
-    async def send(self, type_, **fields):
-        await self.ws.send(json.dumps({"type": type_, **fields}))
+class Client(WireClient):
+    """The cluster tests' wire client, waiting as long as tiny-omni's replies take; an error
+    on the way fails the test."""
 
     async def recv(self, timeout=30.0):
-        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        return await super().recv(timeout)
 
     async def until(self, type_, timeout=60.0):
-        events = []
-        while True:
-            events.append(await self.recv(timeout))
-            assert events[-1]["type"] != "error", events[-1]
-            if events[-1]["type"] == type_:
-                return events
+        events = await super().until(type_, timeout)
+        assert not [e for e in events if e["type"] == "error"], events
+        return events
 
     async def reply(self, **response):
         """Ask for a reply; its transcript (audio) or text, as sent."""
