@@ -18,6 +18,7 @@ import numpy as np
 import soxr
 
 from tests.transcription.fixtures import speak
+from tests.waiting import eventually
 
 RATE = 24000
 FRAME = RATE // 50
@@ -108,15 +109,12 @@ class EchoingClient:
 
     async def wait_for(self, type_: str, after: float = 0.0, timeout_s: float = 30.0,
                        **match) -> tuple[float, dict]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for t, event in self.events:
-                if (t >= after and event["type"] == type_
-                        and all(event.get(k) == v for k, v in match.items())):
-                    return t, event
-            assert time.monotonic() < deadline, f"no {type_} within {timeout_s} s: " + \
-                ", ".join(e["type"] for _, e in self.events[-30:])
-            await asyncio.sleep(0.02)
+        def found():
+            return next(((t, event) for t, event in self.events
+                         if t >= after and event["type"] == type_
+                         and all(event.get(k) == v for k, v in match.items())), None)
+
+        return await eventually(found, f"a {type_} event", timeout_s)
 
     def between(self, type_: str, start: float, end: float) -> list[dict]:
         return [e for t, e in self.events if start <= t <= end and e["type"] == type_]

@@ -14,6 +14,7 @@ import pytest
 import websockets
 
 from tests.transport.test_twilio_call import FRAME, RATE, SID, decoded, mulaw
+from tests.waiting import eventually
 
 FRAME_S = FRAME / RATE
 
@@ -62,7 +63,10 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
             await send({"event": "media", "media": {
                 "track": "inbound", "chunk": str(k + 1), "timestamp": str(k * 20),
                 "payload": base64.b64encode(mulaw(caller[k * FRAME : (k + 1) * FRAME])).decode()}})
-        await asyncio.sleep(0.6)
+        # The call's audio has come back before it is stopped, but the model's last frames: they
+        # wait for input that never comes.
+        await eventually(lambda: sum(map(len, received)) >= len(caller) - 3 * 1920 // 3,
+                         "the caller's audio comes back", 10.0)
         await send({"event": "stop", "stop": {"accountSid": "AC0", "callSid": "CA0"}})
         await asyncio.wait_for(reader, 10)
     heard = decoded(b"".join(received))
@@ -105,9 +109,12 @@ async def test_a_webrtc_call_in_duplex_hears_itself_while_speaking_and_nothing_i
         started_at = caller.events[caller.types().index("output_audio_buffer.started")][0]
         await caller.wait_for("input_audio_buffer.speech_started", timeout=30)
         done = await caller.wait_for("response.done", timeout=30)
+        done_at = caller.events[caller.types().index("response.done")][0]
         assert done["response"]["status"] == "completed"
         assert "output_audio_buffer.cleared" not in caller.types()
-        await asyncio.sleep(0.3)
+        # The reply's last frames reach the caller's track before its audio is compared.
+        await eventually(lambda: caller.heard and caller.heard[-1][0] >= done_at,
+                         "the reply's last audio reaches the caller", 10.0)
         heard = np.concatenate([pcm for t, pcm in caller.heard if t >= started_at - 0.2])
         assert best_correlation(heard, speech[RTC_RATE // 2 : RTC_RATE]) > 0.6
     finally:
