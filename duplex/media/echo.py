@@ -14,6 +14,11 @@ correlates with what was played, within the delays a device and network add; oth
 detector hears the microphone as it is. The guard's strength (the session's
 `audio.input.noise_reduction`) sets that correlation threshold and adds noise suppression.
 
+The canceller costs 1-5% of a core per playing session, most of the session loop's time, and
+a headset never needs it. So it starts only once an echo is first seen (a far-field microphone
+declares one), caught up on the last second of audio so that it has converged by then, and
+stays for the call: a speakerphone remains one.
+
 Only the speech detector's audio passes through here; the model hears the microphone as sent.
 """
 
@@ -40,6 +45,8 @@ _MAX_DELAY = VAD_RATE // _DECIMATE * 2 // 5
 _TAIL_MS = 500
 """After the last audio played, the canceller stays in the path this long (the echo's tail)."""
 _KEPT_OUTPUT_S = 2
+_CATCH_UP = VAD_RATE
+"""A canceller started late first hears the last second, the time AEC3 takes to converge."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +143,21 @@ class EchoGuard:
         self._ref = self._ref[n:][-FRAME:]
         if not n:
             return mic
+        echo = self._echo_present(mic, ref)
+        if self._apm is None and not (echo or self.strength.noise_suppression):
+            self._recent_mic = np.concatenate([self._recent_mic, mic])[-_CATCH_UP:]
+            self._recent_ref = np.concatenate([self._recent_ref, ref])[-_CATCH_UP:]
+            return mic
         cleaned = self._cancel(mic, ref)
-        if self._echo_present(mic, ref):
+        if echo:
             self.echo_frames += n // FRAME
             return cleaned
         return mic
+
+    @property
+    def cancelling(self) -> bool:
+        """Whether the canceller runs (an echo was seen, or the microphone is far-field)."""
+        return self._apm is not None
 
     def _cancel(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
         if self._apm is None:
@@ -148,6 +165,10 @@ class EchoGuard:
             self._apm = rtc.AudioProcessingModule(
                 echo_cancellation=True, noise_suppression=s.noise_suppression,
                 high_pass_filter=s.noise_suppression)
+            recent = len(self._recent_mic) // FRAME * FRAME
+            if recent:
+                self._cancel(self._recent_mic[-recent:], self._recent_ref[-recent:])
+            self._recent_mic = self._recent_ref = np.zeros(0, np.float32)
         out = np.empty_like(mic)
         for i in range(0, len(mic), FRAME):
             self._apm.process_reverse_stream(_frame(ref[i : i + FRAME]))
@@ -160,6 +181,8 @@ class EchoGuard:
         # Silence, not nothing: every delay can be tried from the first frame on.
         self._mic_hist = np.zeros(_WINDOW, np.float32)
         self._ref_hist = np.zeros(_WINDOW + _MAX_DELAY, np.float32)
+        self._recent_mic = self._recent_ref = np.zeros(0, np.float32)
+        """The last `_CATCH_UP` samples at the detector's rate, while no canceller runs."""
 
     def _echo_present(self, mic: np.ndarray, ref: np.ndarray) -> bool:
         """Whether the latest microphone audio correlates with audio played up to

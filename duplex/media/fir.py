@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from math import gcd
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 TAPS_PER_PHASE = 64
 """Filter length in input samples (at the lower rate when downsampling): ~2 kHz transition
@@ -46,7 +47,9 @@ class FirResampler:
         h = 2 * cutoff * np.sinc(2 * cutoff * t) * np.kaiser(n, KAISER_BETA) * self.up
         # phases[p, j] weighs input i_max - j for an output whose upsampled position is
         # i_max * up + p.
-        self._phases = np.stack([h[p::self.up][:span] for p in range(self.up)]).astype(np.float64)
+        phases = np.stack([h[p::self.up][:span] for p in range(self.up)])
+        # Reversed, so that a phase lines up with a window of inputs read oldest first.
+        self._reversed = np.ascontiguousarray(phases[:, ::-1], dtype=np.float32)
         self.span = span
         # The filter's centre, on the upsampled grid: output k is read this much later, so it
         # lands where its input was (no delay on the session clock) once that input is in.
@@ -70,19 +73,24 @@ class FirResampler:
         # Output k sits at upsampled position k * down; the filter centred there needs inputs
         # up to k * down + centre.
         ready = max(self.emitted, -(-(self.fed * self.up - self._centre) // self.down))
-        k = np.arange(self.emitted, ready)
-        pos = k * self.down + self._centre
-        last = pos // self.up - self._base
-        phase = self._phases[pos % self.up]
-        taps = (self._buf[last[None, :] - np.arange(self.span)[:, None]] * phase.T)
-        # Summed over the leading axis of a C-ordered array, numpy adds row after row: tap by
-        # tap in one fixed order, never a reduction whose order depends on how many outputs.
-        acc = np.add.reduce(taps, axis=0)
-        self.emitted = max(self.emitted, ready)
+        n = ready - self.emitted
+        out = np.empty(n, np.float32)
+        windows = sliding_window_view(self._buf, self.span)
+        # Every up-th output uses the same phase and reads a window `down` inputs further on, so
+        # each phase is one strided view of the input times one row of taps, with no gather.
+        for r in range(min(self.up, n)):
+            pos = (self.emitted + r) * self.down + self._centre
+            first = pos // self.up - self._base - self.span + 1
+            count = len(range(r, n, self.up))
+            rows = windows[first : first + self.down * (count - 1) + 1 : self.down]
+            # Each output is the sum of one fixed-length row in one fixed order, whatever the
+            # chunking: a resumed stream adds exactly as the uninterrupted one did.
+            out[r :: self.up] = np.add.reduce(rows * self._reversed[pos % self.up], axis=1)
+        self.emitted = ready
         drop = max(0, len(self._buf) - self.span)
         self._buf = self._buf[drop:]
         self._base += drop
-        return acc.astype(np.float32)
+        return out
 
     def state(self) -> ResamplerState:
         return ResamplerState(self._buf.copy(), self.fed, self.emitted)

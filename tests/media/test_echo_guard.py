@@ -63,3 +63,12 @@ def test_the_user_over_the_echo_and_on_a_headset_is_heard(voices):
         first = np.argmax(speech) * CHUNK_S
         heard = speech[int(1.2 / CHUNK_S) : int((1.2 + user_s) / CHUNK_S)].mean()
         assert 1.2 <= first < 1.2 + 0.35 and heard > 0.5, (gain_db, first, heard)
+
+
+def test_the_canceller_runs_only_once_an_echo_is_seen(voices):
+    _, headset = detected(voices)
+    _, speaker = detected(voices, delay_ms=150, gain_db=-10)
+    _, declared = detected(voices, strength="far_field")
+    assert not headset.cancelling and headset.echo_frames == 0
+    assert speaker.cancelling and speaker.echo_frames > 0
+    assert declared.cancelling
