@@ -114,7 +114,9 @@ class EchoGuard:
         if playhead <= lo:
             return out
         base = playhead - n
-        for start, pcm in self._output:
+        for start, pcm in reversed(self._output):
+            if start + len(pcm) <= lo:
+                break
             a, b = max(lo, start), min(playhead, start + len(pcm))
             if a < b:
                 out[a - base : b - base] = pcm[a - start : b - start]

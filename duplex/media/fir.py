@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from math import gcd
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 TAPS_PER_PHASE = 64
 """Filter length in input samples (at the lower rate when downsampling): ~2 kHz transition
@@ -75,17 +74,17 @@ class FirResampler:
         ready = max(self.emitted, -(-(self.fed * self.up - self._centre) // self.down))
         n = ready - self.emitted
         out = np.empty(n, np.float32)
-        windows = sliding_window_view(self._buf, self.span)
+        buf, size = self._buf, self._buf.itemsize
         # Every up-th output uses the same phase and reads a window `down` inputs further on, so
-        # each phase is one strided view of the input times one row of taps, with no gather.
+        # each phase is one strided view of the input (no copy, no gather) times a row of taps.
         for r in range(min(self.up, n)):
             pos = (self.emitted + r) * self.down + self._centre
             first = pos // self.up - self._base - self.span + 1
-            count = len(range(r, n, self.up))
-            rows = windows[first : first + self.down * (count - 1) + 1 : self.down]
-            # Each output is the sum of one fixed-length row in one fixed order, whatever the
+            rows = np.ndarray((len(range(r, n, self.up)), self.span), np.float32, buffer=buf,
+                              offset=first * size, strides=(self.down * size, size))
+            # Each output is one fixed-length row summed in one fixed order, whatever the
             # chunking: a resumed stream adds exactly as the uninterrupted one did.
-            out[r :: self.up] = np.add.reduce(rows * self._reversed[pos % self.up], axis=1)
+            out[r :: self.up] = np.einsum("ij,j->i", rows, self._reversed[pos % self.up])
         self.emitted = ready
         drop = max(0, len(self._buf) - self.span)
         self._buf = self._buf[drop:]
