@@ -191,6 +191,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     engine.wait_idle()
     engine.stats.take()
     busy_before, steps_before = engine.stats.busy_s, engine.stats.steps
+    cpu_before = engine.stats.busy_cpu_s
     runners = []
     started = time.monotonic()
     clients = [ScriptedClient(i, duration_s, script, seed)
@@ -228,6 +229,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     lag = percentiles(merged.input_lag_ms)
     realtime = merged.underruns == 0 and (lag["p95"] or 0.0) < 200.0
     busy = engine.stats.busy_s - busy_before
+    busy_cpu = engine.stats.busy_cpu_s - cpu_before
     steps = engine.stats.steps - steps_before
     stages = engine.stats.summary()
     frames = stages.get("codec", {}).get("items", 0)
@@ -243,6 +245,8 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "pause_ms": percentiles(merged.pause_ms),
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
+        "engine_cpu_ms_per_session_frame": round(busy_cpu * 1000 / frames, 4) if frames else None,
+        "engine_cpu_share": round(busy_cpu / busy, 3) if busy else None,
         "engine_steps": steps,
         "engine_ms_per_step": round(busy * 1000 / steps, 3) if steps else None,
         "rss_mb": _rss_mb(engine),
@@ -388,6 +392,8 @@ def table(report: dict) -> str:
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
     row("engine ms / step", lambda m: _num(m["engine_ms_per_step"]))
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
+    row("engine CPU ms / session frame", lambda m: _num(m["engine_cpu_ms_per_session_frame"]))
+    row("engine CPU share of busy", lambda m: _num(m["engine_cpu_share"]))
     row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
     row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
     row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))

@@ -318,6 +318,7 @@ class EngineClient(ABC):
             self.stats.add(output.stage_samples)
             self.load, self.stats.busy_s, self.stats.steps, self._core_alive = (
                 output.load, output.busy_s, output.steps, output.alive)
+            self.stats.busy_cpu_s = output.busy_cpu_s
             self.cache_stats = output.caches
             self.duplex_tick = output.duplex_tick
         elif isinstance(output, m.Reply):

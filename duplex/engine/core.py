@@ -120,7 +120,7 @@ class EngineCore:
         while not self._stopping.is_set():
             idle = not any(sq.response for sq in self.scheduler.sessions.values())
             self._apply_requests(block_s=self._duplex_wait(0.05 if idle else 0.002))
-            start = time.monotonic()
+            start, cpu_start = time.monotonic(), time.thread_time()
             plan = self.scheduler.schedule(start)
             if not plan.empty:
                 try:
@@ -128,9 +128,12 @@ class EngineCore:
                 except Exception as exc:
                     log.exception("engine step failed; closing the sessions in it")
                     self._fail(plan, f"{type(exc).__name__}: {exc}")
+                # The CPU interval lies within the wall one, so the share never passes 1.
+                cpu = time.thread_time() - cpu_start
                 busy = time.monotonic() - start
                 window_busy += busy
                 self.stats.busy_s += busy
+                self.stats.busy_cpu_s += cpu
                 self.stats.steps += 1
             window_busy += self._duplex_tick()
             now = time.monotonic()
@@ -156,7 +159,8 @@ class EngineCore:
         # A core dying of an error frees every session next; its last report holds none.
         self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
                            self.load, self.stats.busy_s, self.stats.steps, alive,
-                           self.model.cache_stats(), lockstep.cost() if lockstep else None))
+                           self.model.cache_stats(), lockstep.cost() if lockstep else None,
+                           busy_cpu_s=self.stats.busy_cpu_s))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and

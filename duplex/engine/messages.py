@@ -157,6 +157,9 @@ class Report:
     """The model's cross-session caches (`DuplexModel.cache_stats`)."""
     duplex_tick: TickCost | None = None
     """The measured cost of a lockstep tick of the duplex sessions, None before any."""
+    busy_cpu_s: float = 0.0
+    """CPU time the core's thread had during its busy_s: less than busy_s when other work
+    shares the cores and the engine waits for one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ class EngineStats:
     def __init__(self) -> None:
         self.stages: dict[str, StageStats] = defaultdict(StageStats)
         self.busy_s = 0.0
+        self.busy_cpu_s = 0.0
         self.steps = 0
 
     def summary(self) -> dict[str, object]:

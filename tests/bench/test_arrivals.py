@@ -63,3 +63,6 @@ def test_a_bench_run_serves_every_session_and_reports_its_arrivals(arrivals, tmp
     assert run["sessions"] == 3 and run["reply_audio_s"] > 0
     assert run["bytes_held_after_close"] == 0
     assert run["ttfa_ms"]["p50"] is not None
+    # The engine's CPU time is counted within its busy time: never more, and some of it.
+    assert 0 < run["engine_cpu_share"] <= 1
+    assert 0 < run["engine_cpu_ms_per_session_frame"] <= run["engine_ms_per_session_frame"]
