@@ -119,6 +119,7 @@ def _bench(args: argparse.Namespace) -> int:
         cuda_graphs=settings.engine.cuda_graphs,
         arrivals=args.arrivals,
         seed=args.seed,
+        pin_cpus=settings.engine.pin_cpus,
     )
     print(table(report))
     if args.json:

@@ -61,6 +61,7 @@ def engine_spec(settings: Settings) -> ChildSpec:
         caches=CacheBudgets(settings.caches.prefix_bytes, settings.caches.feature_bytes),
         dtype=settings.model.dtype,
         cuda_graphs=es.cuda_graphs,
+        pin_cpus=es.pin_cpus,
     )
 
 

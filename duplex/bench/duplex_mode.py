@@ -162,14 +162,14 @@ def find_max(engine, duration_s: float, limit: int, log) -> tuple[int, dict | No
 
 def bench(model_name: str, cache_dir: str, *, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log: Callable[[str], None], torch_threads: int,
-          max_lag_ms: int, in_process: bool) -> dict:
+          max_lag_ms: int, in_process: bool, pin_cpus: bool = False) -> dict:
     modes: dict[str, dict] = {}
     model_seen = device = None
     for mode, batching in [("batched", True)] + ([("per_session", False)] if baseline else []):
         log(f"duplex bench: {mode}")
         spec = ChildSpec(model_name, cache_dir, "auto", EngineConfig(
             max_sessions=max(limit, sessions) + 1, max_load=math.inf, batching=batching,
-            duplex_max_lag_ms=max_lag_ms), torch_threads)
+            duplex_max_lag_ms=max_lag_ms), torch_threads, pin_cpus=pin_cpus)
         engine = start_engine(spec, in_process)
         try:
             if engine.model.duplex_delay_frames is None:
@@ -281,7 +281,8 @@ def run_cli(args, settings, model_name: str) -> int:
                        find=args.find_max, limit=args.max_sessions, log=log,
                        torch_threads=settings.engine.torch_threads,
                        max_lag_ms=settings.duplex.max_lag_ms,
-                       in_process=not settings.engine.process)
+                       in_process=not settings.engine.process,
+                       pin_cpus=settings.engine.pin_cpus)
         print(table(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -295,10 +295,11 @@ def measure_ceiling(engine, stages: dict) -> dict:
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
           scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
-          cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0) -> dict:
+          cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0,
+          pin_cpus: bool = False) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
     thread (engine.process = false): the engine settings the server uses. `dtype` and
-    `cuda_graphs` as model.dtype and engine.cuda_graphs. `arrivals` and `seed` say when
+    `cuda_graphs` and `pin_cpus` as model.dtype, engine.cuda_graphs and engine.pin_cpus. `arrivals` and `seed` say when
     sessions start and how they talk (arrivals.py)."""
     vad = VadService()
     echo_guard_warm_up()
@@ -317,6 +318,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 torch_threads,
                 dtype=dtype,
                 cuda_graphs=cuda_graphs,
+                pin_cpus=pin_cpus,
             )
             engine = start_engine(spec, in_process)
             try:

@@ -8,6 +8,11 @@ what callers touch and carries the same typed requests and outputs (messages.py)
 Requests go down in batches from a sender thread, so the event loop never waits on the pipe;
 outputs come back to a reader thread. If the child dies, every open session gets SessionFailed
 and new ones are refused.
+
+With `pin_cpus`, the child and this process also stop sharing cores: the child takes the last
+of the CPUs this process may use, one per torch thread, and this process the rest. Sharing, a
+stage call on the two-core machine waited for a core for about half of its wall time (the
+bench's `engine_cpu_share`), while the sessions' audio, speech detection and events ran on it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class ChildSpec:
     caches: CacheBudgets = CacheBudgets()
     dtype: str = "auto"
     cuda_graphs: bool = False
+    pin_cpus: bool = False
+    cpus: tuple[int, ...] = ()
+    """The CPUs the child runs on (set by `EngineProcess.start` when pinning); empty: any."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,17 @@ class EngineProcess(EngineClient):
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._threads: list[threading.Thread] = []
+        self._own_cpus: set[int] | None = None
+        """This process's CPUs before pinning, given back on stop."""
 
     def start(self) -> None:
         """Start the child and wait until its model is loaded; raises EngineStartFailed.
 
         A fresh interpreter rather than multiprocessing's spawn, which would re-run the
         caller's main script in the child (a script without a __main__ guard would recurse)."""
+        split = split_cpus(self.spec.torch_threads) if self.spec.pin_cpus else None
+        if split is not None:
+            self.spec = replace(self.spec, cpus=tuple(sorted(split[0])))
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self._proc = subprocess.Popen(
@@ -110,6 +123,8 @@ class EngineProcess(EngineClient):
             self._proc.wait(timeout=5)
             raise EngineStartFailed(started.message)
         self.model = started.model
+        if split is not None:
+            self._pin_self(split[1])
         for target, name in ((self._read, "duplex-engine-reader"),
                              (self._send, "duplex-engine-sender")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -124,7 +139,14 @@ class EngineProcess(EngineClient):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def _pin_self(self, cpus: set[int]) -> None:
+        self._own_cpus = os.sched_getaffinity(0)
+        _set_process_affinity(cpus)
+
     def stop(self) -> None:
+        if self._own_cpus is not None:
+            _set_process_affinity(self._own_cpus)
+            self._own_cpus = None
         self._stopping = True
         self._outbox.put(None)
         for thread in self._threads:
@@ -196,6 +218,8 @@ def child() -> None:
         from duplex.observability.logs import configure
 
         configure(spec.log_level, spec.log_format)
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)  # before torch starts its threads: they inherit it
     try:
         from duplex.engine.engine import set_torch_threads
 
@@ -229,6 +253,31 @@ def child() -> None:
                 core.submit(request)
     finally:
         core.stop()
+
+
+def split_cpus(torch_threads: int) -> tuple[set[int], set[int]] | None:
+    """(the engine's CPUs, this process's) from those this process may use: the engine gets
+    one per torch thread, the last ones, and this process at least one. None where there are
+    too few CPUs to split or the OS cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    from duplex.engine.engine import resolve_torch_threads
+
+    allowed = sorted(os.sched_getaffinity(0))
+    n = min(resolve_torch_threads(torch_threads), len(allowed) - 1)
+    if n < 1:
+        return None
+    return set(allowed[-n:]), set(allowed[:-n])
+
+
+def _set_process_affinity(cpus: set[int]) -> None:
+    # Linux pins a thread, not a process: every thread running now, and threads started
+    # later inherit their starter's.
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
 
 
 def load_spec(spec: ChildSpec):

@@ -17,6 +17,7 @@ from duplex.engine import (
     ResponseFinished,
     SessionFailed,
 )
+from duplex.engine.process import split_cpus
 from models.echo import EchoModel
 
 
@@ -86,5 +87,38 @@ def test_a_dead_engine_process_fails_its_sessions_and_refuses_new_ones():
         assert engine.wait_idle() is False
         with pytest.raises(RuntimeError, match="engine process is not running"):
             engine.query(stream_vs_offline)
+    finally:
+        engine.stop()
+
+
+
+def _threads_cpus() -> list[set[int]]:
+    return [os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")]
+
+
+def test_pinned_the_engine_and_this_process_split_the_cpus_and_this_one_gets_its_back():
+    mine = os.sched_getaffinity(0)
+    engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1,
+                                     pin_cpus=True))
+    engine.start()
+    try:
+        child = os.sched_getaffinity(engine.pid)
+        if len(mine) < 2:
+            # Nothing to split: both run where they may.
+            assert split_cpus(1) is None and child == mine
+        else:
+            assert child == {max(mine)}
+            assert all(t == mine - child for t in _threads_cpus())
+    finally:
+        engine.stop()
+    assert all(t == mine for t in _threads_cpus())
+
+
+def test_unpinned_the_engine_may_run_anywhere():
+    mine = os.sched_getaffinity(0)
+    engine = EngineProcess(ChildSpec("echo", ".models", "cpu", EngineConfig(), torch_threads=1))
+    engine.start()
+    try:
+        assert os.sched_getaffinity(engine.pid) == mine and os.sched_getaffinity(0) == mine
     finally:
         engine.stop()
