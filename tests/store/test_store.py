@@ -63,6 +63,11 @@ def context(names, sent=None):
     return StoredContext({"entries": list(names)}, {n: f"part {n}" for n in sent}, tuple(names))
 
 
+def same(a, b):
+    """The same index and parts (the order a registry lists them in aside)."""
+    return (a.index, a.parts, set(a.names)) == (b.index, b.parts, set(b.names))
+
+
 async def held_parts(store, session_id="sess_1"):
     """The context parts the registry holds for the session, loaded or not."""
     if isinstance(store, RedisStore):
@@ -115,7 +120,7 @@ async def test_a_save_without_the_context_keeps_the_stored_one_and_says_when_the
     assert await store.save(record(conversation=[{"id": "item_2"}])) is False
     loaded = await store.load("sess_1")
     assert loaded.conversation == [{"id": "item_2"}]
-    assert loaded.context == context(["1", "2"])
+    assert same(loaded.context, context(["1", "2"]))
     # A registry that lost the record: the save that leaves the context out is told so.
     await store.delete("sess_1")
     assert await held_parts(store) == {}
@@ -128,12 +133,12 @@ async def test_a_save_writes_only_new_parts_and_the_registry_keeps_just_those_na
     # "2" is still held; "1" and "3" are no longer named; "4" is new.
     assert await store.save(record(context=context(["2", "4"], sent=["4"]))) is False
     assert await held_parts(store) == {"2": "part 2", "4": "part 4"}
-    assert (await store.load("sess_1")).context == context(["2", "4"])
+    assert same((await store.load("sess_1")).context, context(["2", "4"]))
     # An index naming a part that was neither sent nor held is refused whole: the stored
     # context stays as it was, and the caller is told to send everything.
     assert await store.save(record(context=context(["2", "5", "6"], sent=["6"]))) is True
     assert await held_parts(store) == {"2": "part 2", "4": "part 4"}
-    assert (await store.load("sess_1")).context == context(["2", "4"])
+    assert same((await store.load("sess_1")).context, context(["2", "4"]))
 
 
 async def test_a_fenced_owner_writes_no_part(store):
@@ -142,7 +147,7 @@ async def test_a_fenced_owner_writes_no_part(store):
     with pytest.raises(Fenced):
         await store.save(record(epoch=1, owner="a", context=context(["1", "2"], sent=["2"])))
     assert await held_parts(store) == {"1": "part 1"}
-    assert (await store.load("sess_1")).context == context(["1"])
+    assert same((await store.load("sess_1")).context, context(["1"]))
 
 
 async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
