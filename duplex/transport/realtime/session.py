@@ -144,7 +144,9 @@ class RealtimeSession(SessionLoop):
     def _new_context(self, saved: StoredContext | None = None) -> ContextRecord:
         m = self.engine.model
         args = (m.input_rate, m.output_rate, RATE, self.keeper.registry.context_max_bytes)
-        return ContextRecord.from_record(saved, *args) if saved is not None else ContextRecord(*args)
+        if saved is None:
+            return ContextRecord(*args)
+        return ContextRecord.from_record(saved, *args)
 
     def _snapshot(self) -> tuple[list, dict, StoredContext]:
         now = self.now_sample()
