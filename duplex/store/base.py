@@ -31,6 +31,22 @@ def new_secret(prefix: str) -> str:
 
 
 @dataclass
+class StoredContext:
+    """The model's context as the registry keeps it (`duplex.store.context`): a small index,
+    rewritten by every save that changes it, naming parts that never change once written (a
+    block of audio, a turn), each written once under its own name and deleted once the index
+    no longer names it. Parts are only written with an index, by a save that passed the
+    fencing check, so a node that lost the session can write none."""
+
+    index: dict[str, Any] = field(default_factory=dict)
+    parts: dict[str, str] = field(default_factory=dict)
+    """Name -> content. In a save: only the parts the registry does not hold yet; loaded: all
+    the index names."""
+    names: tuple[str, ...] = ()
+    """Every part the index names; a save deletes the others."""
+
+
+@dataclass
 class SessionRecord:
     id: str
     owner: str
@@ -43,9 +59,9 @@ class SessionRecord:
     conversation: list[dict[str, Any]] = field(default_factory=list)
     """Items as heard: user items, and assistant transcripts cut at the playback watermark."""
     config: dict[str, Any] = field(default_factory=dict)
-    context: dict[str, Any] | None = field(default_factory=dict)
-    """The model's context as heard (`duplex.store.context`), for a rebuild on another node;
-    None in a save: the stored one is still current (it is the bulk of a record)."""
+    context: StoredContext | None = field(default_factory=StoredContext)
+    """The model's context as heard, for a rebuild on another node; None in a save: the
+    stored one is still current."""
     expired: bool = False
     """A tombstone: the session is past its deadline and its conversation is gone."""
 
@@ -85,8 +101,10 @@ class SessionStore(Protocol):
     async def save(self, record: SessionRecord) -> bool:
         """Create or update `record` unless a newer epoch (or another owner at the same epoch)
         holds it (raises Fenced). A missing record is written again: that is how an owner
-        reconciles a registry that lost its data. True when the record was missing (a save
-        that left out the context must send it again)."""
+        reconciles a registry that lost its data. True when the registry lacks context the
+        save took as held (the record was missing and the context left out, or a part the
+        index names was neither sent nor held): the stored context is left as it was, and the
+        caller must send the whole context again."""
 
     async def load(self, session_id: str) -> SessionRecord | None: ...
 

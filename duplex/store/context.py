@@ -12,19 +12,27 @@ the model hears the very samples the record keeps, and FLAC (through PyAV) store
 losslessly, in blocks of `BLOCK_S`. Past `max_bytes` the oldest entries (and the oldest blocks
 of a long audio entry) are left out of the saved record, as the Thinker's own truncation drops
 the oldest context first; the system turn always stays.
+
+The registry keeps it as parts that never change once named (a block of audio, a text turn, a
+reply as heard so far, the system turn) and a small index that lists them: a save writes the
+index and the parts new since the last save (the audio that came since, as one more piece
+until a block is full), so what it writes stays small however long the call
+(`duplex.store.base.StoredContext`).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from duplex.media.fir import ResamplerState
+from duplex.store.base import StoredContext
 
 FLAC = "flac"
 Heard = Callable[[int], int | None]
@@ -45,7 +53,8 @@ def encode_flac(pcm16: np.ndarray, rate: int) -> bytes:
     import av
 
     buf = io.BytesIO()
-    with av.open(buf, "w", format=FLAC) as container:
+    # No 8 kB of header padding (room for tags added later) in every block.
+    with av.open(buf, "w", format=FLAC, options={"metadata_header_padding": "0"}) as container:
         stream = container.add_stream(FLAC, rate=rate, layout="mono")
         frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = rate
@@ -65,44 +74,79 @@ def decode_flac(data: bytes) -> np.ndarray:
 
 
 BLOCK_S = 10
-"""Audio is encoded in blocks of this many seconds, each once: a save re-encodes only the last."""
+"""Audio is encoded in blocks of this many seconds, each once."""
+
+
+class Part(NamedTuple):
+    """A piece of the saved context under its own name in the registry."""
+
+    name: str
+    text: str
+    size: int
+    """What it counts against the byte cap."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """Encoded audio: never changes once it has a name."""
+
+    name: str
+    samples: int
+    flac: str
+    """Base64 FLAC."""
+
+    def part(self) -> Part:
+        return Part(self.name, f"{self.samples}:{self.flac}", len(self.flac))
+
+    @classmethod
+    def of(cls, name: str, text: str) -> Block:
+        samples, _, flac = text.partition(":")
+        return cls(name, int(samples), flac)
+
+
+def _block(name: str, pcm16: np.ndarray, rate: int) -> Block:
+    return Block(name, len(pcm16), base64.b64encode(encode_flac(pcm16, rate)).decode())
 
 
 @dataclass
 class AudioSpan:
+    blocks: list[Block] = field(default_factory=list)
+    """Full blocks (and, in a loaded record, every piece saved)."""
     pcm16: list[np.ndarray] = field(default_factory=list)
     """Samples not yet in a full block."""
-    blocks: list[tuple[int, str]] = field(default_factory=list)
-    """(samples, base64 FLAC) of each full block."""
-    _tail: tuple[int, str] | None = None
-    """The last encoding of `pcm16`, reused while no audio was added."""
+    pieces: list[Block] = field(default_factory=list)
+    """`pcm16` as saved so far: a save encodes only what came since the one before, so what a
+    save writes is the new audio, not the growing block."""
 
     @property
     def samples(self) -> int:
-        return sum(n for n, _ in self.blocks) + sum(len(p) for p in self.pcm16)
+        return sum(b.samples for b in self.blocks) + sum(len(p) for p in self.pcm16)
 
-    def add(self, pcm16: np.ndarray, rate: int) -> None:
+    def add(self, pcm16: np.ndarray, rate: int, name: Callable[[], str]) -> None:
         self.pcm16.append(pcm16)
         n = BLOCK_S * rate
         if sum(len(p) for p in self.pcm16) >= n:
             pcm = np.concatenate(self.pcm16)
             while len(pcm) >= n:
-                self.blocks.append((n, base64.b64encode(encode_flac(pcm[:n], rate)).decode()))
+                self.blocks.append(_block(name(), pcm[:n], rate))
                 pcm = pcm[n:]
             self.pcm16 = [pcm]
+            # The block holds what the pieces did; the samples past it are saved anew.
+            self.pieces = []
 
-    def blobs(self, rate: int) -> list[tuple[int, str]]:
-        """(samples, base64 FLAC) of every block, the samples not yet in one last."""
-        tail = sum(len(p) for p in self.pcm16)
-        if tail and (self._tail is None or self._tail[0] != tail):
+    def saved(self, rate: int, name: Callable[[], str]) -> list[Block]:
+        """Every block, then the pieces of the samples not yet in one (the samples that came
+        since the last call encoded as one more)."""
+        done = sum(b.samples for b in self.pieces)
+        if sum(len(p) for p in self.pcm16) > done:
             pcm = np.concatenate(self.pcm16)
             self.pcm16 = [pcm]
-            self._tail = (tail, base64.b64encode(encode_flac(pcm, rate)).decode())
-        return self.blocks + ([self._tail] if tail else [])
+            self.pieces.append(_block(name(), pcm[done:], rate))
+        return self.blocks + self.pieces
 
     def pcm(self) -> np.ndarray:
         """Every sample, in order (decoded from the blocks)."""
-        parts = [decode_flac(base64.b64decode(b)) for _, b in self.blocks] + self.pcm16
+        parts = [decode_flac(base64.b64decode(b.flac)) for b in self.blocks] + self.pcm16
         return np.concatenate(parts) if parts else np.zeros(0, np.int16)
 
 
@@ -110,6 +154,10 @@ class AudioSpan:
 class TextSpan:
     text: str
     role: str
+    name: str
+
+    def part(self) -> Part:
+        return Part(self.name, json.dumps({"text": self.text, "role": self.role}), len(self.text))
 
 
 @dataclass
@@ -121,6 +169,8 @@ class ReplySpan:
     tools: tuple[dict[str, Any], ...]
     tokens: list[tuple[int, int | None, tuple[int, ...]]] = field(default_factory=list)
     """(place in the reply, where their audio starts in it, ids); None: never voiced."""
+    saved: tuple[list[int], Part] | None = None
+    """The ids last saved and their part."""
 
     def heard_ids(self, heard: int | None, scale: float) -> list[int]:
         """The reply's tokens in order, up to the first whose audio had not started."""
@@ -131,6 +181,14 @@ class ReplySpan:
                 break
             ids += part
         return ids
+
+    def part(self, ids: list[int], name: Callable[[], str]) -> Part:
+        """The reply as heard (`ids`); named anew whenever more of it was."""
+        if self.saved is None or self.saved[0] != ids:
+            text = json.dumps({"reply": ids, "instructions": self.instructions,
+                               "tools": list(self.tools)})
+            self.saved = (ids, Part(name(), text, 8 * len(ids)))
+        return self.saved[1]
 
 
 Span = AudioSpan | TextSpan | ReplySpan
@@ -159,28 +217,38 @@ class ContextRecord:
         """Reply output samples -> session clock samples (where heard samples are counted)."""
         self.max_bytes = max_bytes
         self.head: tuple[str, tuple[dict[str, Any], ...]] | None = None
+        self._head_part: Part | None = None
         self.spans: list[Span] = []
         self.left_out = 0
         self.resampler: ResamplerState | None = None
         """Where the model's input resampler stood when the record was saved: a new connection
         goes on from there, so new audio reaches the model as it would have without the drop."""
+        self._named = 0
+        """Parts named so far in this session (saved with the index, so a resume on another
+        node goes on naming where this one stopped and never reuses a name)."""
+
+    def _name(self) -> str:
+        self._named += 1
+        return format(self._named, "x")
 
     # -- what the session hands the engine, in order -----------------------------------------
 
     def instruct(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> None:
         """Only the system turn that opens the context matters: later ones enter the context
         with the next reply (its spec), as the model places them."""
-        if not self.spans:
+        if not self.spans and self.head != (instructions, tuple(tools)):
             self.head = (instructions, tuple(tools))
+            self._head_part = Part(self._name(), json.dumps(
+                {"instructions": instructions, "tools": list(tools)}), 0)
 
     def audio(self, pcm: np.ndarray) -> None:
         """Float32 at the model's input rate, already `quantize`d."""
         if not (self.spans and isinstance(self.spans[-1], AudioSpan)):
             self.spans.append(AudioSpan())
-        self.spans[-1].add(np.round(pcm * 32767.0).astype(np.int16), self.input_rate)
+        self.spans[-1].add(np.round(pcm * 32767.0).astype(np.int16), self.input_rate, self._name)
 
     def text(self, text: str, role: str) -> None:
-        self.spans.append(TextSpan(text, role))
+        self.spans.append(TextSpan(text, role, self._name()))
 
     def reply(self, core_id: int, epoch: int, instructions: str,
               tools: tuple[dict[str, Any], ...]) -> None:
@@ -200,65 +268,79 @@ class ContextRecord:
 
     # -- saved and loaded ---------------------------------------------------------------------
 
-    def to_record(self, heard: Heard, resampler: ResamplerState | None = None) -> dict[str, Any]:
-        """Plain JSON for the registry: replies cut at what was heard, audio as FLAC, the
-        oldest turns left out past `max_bytes`, and the input resampler's `resampler` state."""
-        entries: list[dict[str, Any]] = []
+    def to_record(self, heard: Heard, resampler: ResamplerState | None = None) -> StoredContext:
+        """The context for the registry: replies cut at what was heard, audio as FLAC, the
+        oldest turns left out past `max_bytes`, and the input resampler's `resampler` state.
+        Its index is small JSON naming the parts in order; a part keeps its name (and the
+        registry its copy) while it is unchanged, so a save writes the index and the parts
+        new since the last."""
+        entries: list[tuple[str, list[Part]]] = []
         for span in self.spans:
             if isinstance(span, AudioSpan):
-                blobs = span.blobs(self.input_rate)
-                entries.append({"audio": [b for _, b in blobs], "samples": [n for n, _ in blobs]})
+                blocks = span.saved(self.input_rate, self._name)
+                entries.append(("audio", [b.part() for b in blocks]))
             elif isinstance(span, TextSpan):
-                entries.append({"text": span.text, "role": span.role})
+                entries.append(("text", [span.part()]))
             else:
                 h = heard(span.core_id) if span.core_id is not None else None
-                entries.append({"reply": span.heard_ids(h, self.scale),
-                                "instructions": span.instructions, "tools": list(span.tools)})
-        size = sum(_size(e) for e in entries)
+                entries.append(("reply", [span.part(span.heard_ids(h, self.scale), self._name)]))
+        size = sum(p.size for _, parts in entries for p in parts)
         left_out = self.left_out
         while entries and size > self.max_bytes:
-            first = entries[0]
-            if len(first.get("audio", ())) > 1:
+            parts = entries[0][1]
+            if len(parts) > 1:
                 # One long stretch of audio (a long silence under server VAD) loses its
                 # oldest block, not all of it.
-                size -= len(first["audio"][0])
-                first["audio"], first["samples"] = first["audio"][1:], first["samples"][1:]
+                size -= parts.pop(0).size
                 continue
-            size -= _size(entries.pop(0))
+            size -= sum(p.size for p in entries.pop(0)[1])
             left_out += 1
-        head = None if self.head is None else {"instructions": self.head[0],
-                                               "tools": list(self.head[1])}
-        saved = {"rate": self.input_rate, "head": head, "entries": entries,
-                 "left_out": left_out}
+        kept = [p for _, parts in entries for p in parts]
+        if self._head_part is not None:
+            kept.append(self._head_part)
+        index: dict[str, Any] = {
+            "rate": self.input_rate, "named": self._named,
+            "head": self._head_part.name if self._head_part is not None else None,
+            "entries": [{kind: [p.name for p in parts]} for kind, parts in entries],
+            "left_out": left_out}
         if resampler is not None:
-            saved["resampler"] = {"fed": resampler.fed, "emitted": resampler.emitted,
+            index["resampler"] = {"fed": resampler.fed, "emitted": resampler.emitted,
                                   "tail": base64.b64encode(resampler.tail.astype("<f4").tobytes())
                                   .decode()}
-        return saved
+        parts = {p.name: p.text for p in kept}
+        return StoredContext(index, parts, tuple(parts))
 
     @classmethod
-    def from_record(cls, data: dict[str, Any], input_rate: int, output_rate: int,
+    def from_record(cls, stored: StoredContext, input_rate: int, output_rate: int,
                     session_rate: int, max_bytes: int) -> ContextRecord:
-        """A record saved by `to_record` (replies already cut) to go on recording into."""
+        """A context saved by `to_record` (replies already cut) to go on recording into."""
         record = cls(input_rate, output_rate, session_rate, max_bytes)
-        if not data or data.get("rate") != input_rate:
+        index, parts = stored.index, stored.parts
+        if index.get("rate") != input_rate:
             return record
-        head = data.get("head")
-        if head is not None:
+        record._named = index["named"]
+        if (name := index["head"]) is not None:
+            head = json.loads(parts[name])
             record.head = (head["instructions"], tuple(head["tools"]))
-        record.left_out = data.get("left_out", 0)
-        if (r := data.get("resampler")) is not None:
+            record._head_part = Part(name, parts[name], 0)
+        record.left_out = index["left_out"]
+        if (r := index.get("resampler")) is not None:
             tail = np.frombuffer(base64.b64decode(r["tail"]), "<f4").astype(np.float32)
             record.resampler = ResamplerState(tail, r["fed"], r["emitted"])
-        for e in data.get("entries", []):
-            if "audio" in e:
-                record.spans.append(AudioSpan(blocks=list(zip(e["samples"], e["audio"],
-                                                              strict=True))))
-            elif "text" in e:
-                record.spans.append(TextSpan(e["text"], e["role"]))
+        for entry in index["entries"]:
+            [(kind, names)] = entry.items()
+            if kind == "audio":
+                record.spans.append(AudioSpan(blocks=[Block.of(n, parts[n]) for n in names]))
+                continue
+            [name] = names
+            e = json.loads(parts[name])
+            if kind == "text":
+                record.spans.append(TextSpan(e["text"], e["role"], name))
             else:
                 span = ReplySpan(None, -1, e["instructions"], tuple(e["tools"]))
-                span.tokens = [(0, None, tuple(e["reply"]))]
+                ids = e["reply"]
+                span.tokens = [(0, None, tuple(ids))] if ids else []
+                span.saved = (ids, Part(name, parts[name], 8 * len(ids)))
                 record.spans.append(span)
         return record
 
@@ -266,9 +348,3 @@ class ContextRecord:
         items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)
         samples = sum(s.samples for s in self.spans if isinstance(s, AudioSpan))
         return Rebuilt(items, samples / self.input_rate, self.left_out, kept_live)
-
-
-def _size(entry: dict[str, Any]) -> int:
-    """Bytes an entry takes in the record, near enough (a token id as 8)."""
-    return (sum(len(b) for b in entry.get("audio", ())) + 8 * len(entry.get("reply", ()))
-            + len(entry.get("text", "")))

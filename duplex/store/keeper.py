@@ -1,7 +1,8 @@
 """Keeps one live session saved in the registry: soon after its conversation changes, and on
 every heartbeat otherwise. A save refused by fencing means another connection owns the session
-now; an unreachable registry never stops the session, and the next save that gets through
-writes the whole record again (that is how the registry reconciles after a restart).
+now; an unreachable registry never stops the session. The model's context goes as its index
+and the parts the registry does not hold yet; when the registry says it lacks some (it lost
+the record, or restarted), the next save sends the whole context again.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from duplex.store.base import Fenced, StoreUnavailable
+from duplex.store.base import Fenced, StoredContext, StoreUnavailable
 from duplex.store.registry import Lease, SessionRegistry
 
 log = logging.getLogger("duplex.store")
-Snapshot = Callable[[], tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]]
+Snapshot = Callable[[], tuple[list[dict[str, Any]], dict[str, Any], StoredContext]]
 """The conversation as heard, the settings, and the model's context record."""
 
 
@@ -34,8 +35,9 @@ class SessionKeeper:
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        self._saved_context: dict[str, Any] | None = None
-        """The model context the registry holds from this keeper's last save."""
+        self._held: tuple[dict[str, Any], frozenset[str]] | None = None
+        """The context index the registry holds from this keeper's last save, and the parts
+        it names; None: send the whole context."""
 
     async def start(self) -> None:
         # Saved before the client learns its resume token, so a resume can always find it.
@@ -60,11 +62,14 @@ class SessionKeeper:
             if self.fenced:
                 return
             conversation, config, context = self.snapshot()
-            # The context is the bulk of a record and mostly unchanged between saves.
-            unchanged = context == self._saved_context
+            held = self._held
+            delta = None
+            if held is None or context.index != held[0]:
+                known = held[1] if held is not None else frozenset()
+                delta = StoredContext(context.index, {n: text for n, text in context.parts.items()
+                                                      if n not in known}, context.names)
             try:
-                fresh = await self.registry.save(self.lease, conversation, config,
-                                                 None if unchanged else context)
+                resend = await self.registry.save(self.lease, conversation, config, delta)
             except Fenced as exc:
                 self.fenced = True
                 log.warning("session %s taken over: %s", self.lease.session_id, exc)
@@ -75,10 +80,9 @@ class SessionKeeper:
                                 self.lease.session_id, exc)
                 self.reachable = False
             else:
-                self._saved_context = context
-                if fresh and unchanged:
-                    # The registry had lost the record: its context goes with the next save.
-                    self._saved_context = None
+                self._held = (context.index, frozenset(context.names))
+                if resend:
+                    self._held = None
                     self.touch()
                 if not self.reachable:
                     log.info("session registry reachable again; session %s saved",
@@ -89,7 +93,7 @@ class SessionKeeper:
         """Keep `lease` (a resumed session) instead; the fresh session it replaces is dropped."""
         async with self._lock:
             old, self.lease = self.lease, lease
-            self._saved_context = None
+            self._held = None
             with contextlib.suppress(StoreUnavailable):
                 await self.registry.forget(old)
         self.touch()

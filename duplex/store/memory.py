@@ -5,8 +5,15 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
-from duplex.store.base import EphemeralKey, Fenced, SessionNotFound, SessionRecord
+from duplex.store.base import (
+    EphemeralKey,
+    Fenced,
+    SessionNotFound,
+    SessionRecord,
+    StoredContext,
+)
 
 
 class MemoryStore:
@@ -27,7 +34,7 @@ class MemoryStore:
                 del self._sessions[sid]
             elif now >= rec.deadline and not rec.expired:
                 rec.expired = True
-                rec.conversation, rec.config, rec.context = [], {}, {}
+                rec.conversation, rec.config, rec.context = [], {}, StoredContext()
         for h, key in list(self._keys.items()):
             if now >= key.expires_at:
                 del self._keys[h]
@@ -39,12 +46,23 @@ class MemoryStore:
             cur.epoch > record.epoch or (cur.epoch == record.epoch and cur.owner != record.owner)
         ):
             raise Fenced(record.id, cur.epoch, cur.owner)
-        record = copy.deepcopy(record)
         fresh = cur is None or cur.expired
-        if record.context is None:
-            record.context = {} if fresh else cur.context
+        held = StoredContext() if fresh else cur.context
+        sent = record.context
+        record = copy.deepcopy(replace(record, context=held))
+        if sent is None:
+            self._sessions[record.id] = record
+            return fresh
+        if any(n not in sent.parts and n not in held.parts for n in sent.names):
+            self._sessions[record.id] = record
+            return True
+        # Only the parts the index names are kept: the others were left out or replaced.
+        record.context = StoredContext(
+            copy.deepcopy(sent.index),
+            {n: sent.parts[n] if n in sent.parts else held.parts[n] for n in sent.names},
+            tuple(sent.names))
         self._sessions[record.id] = record
-        return fresh
+        return False
 
     async def load(self, session_id: str) -> SessionRecord | None:
         self._expire()

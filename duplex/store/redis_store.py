@@ -1,8 +1,11 @@
 """The Redis registry, shared by every node of a deployment.
 
 A session is a hash `{prefix}s:{id}` that expires at its deadline, plus a tombstone
-`{prefix}t:{id}` (the secret's hash and the deadline) that outlives it by `tombstone_s`.
-Claims and fenced saves are Lua scripts, so the epoch check and the write are one atomic step.
+`{prefix}t:{id}` (the secret's hash and the deadline) that outlives it by `tombstone_s`. The
+parts of its model context are the fields of a hash `{prefix}c:{id}` that expires with it; the
+session hash's `context` field is their index. Claims and fenced saves are Lua scripts, so the
+epoch check and the write (parts included) are one atomic step; a save deletes the parts its
+index no longer names, so the parts hash holds exactly what the index names.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from duplex.store.base import (
     Fenced,
     SessionNotFound,
     SessionRecord,
+    StoredContext,
     StoreUnavailable,
 )
 
-# KEYS: session, tombstone. ARGV: owner, epoch, secret_hash, conversation, config, deadline,
-# created_at, session expiry (ms), tombstone (json), tombstone expiry (ms), context ('': the
-# stored one is still current).
+# KEYS: session, tombstone, context parts. ARGV: owner, epoch, secret_hash, conversation,
+# config, deadline, created_at, session expiry (ms), tombstone (json), tombstone expiry (ms),
+# context index ('': the stored one is still current), n, the n part names the index names,
+# then name and text of each part sent. Returns {0, epoch, owner} when fenced, {2} when the
+# registry lacks context the save took as held (nothing of the context written), else {1}.
 _SAVE = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'owner')
 if cur[1] then
@@ -39,15 +45,33 @@ if cur[1] then
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ARGV[2], 'secret_hash', ARGV[3],
            'conversation', ARGV[4], 'config', ARGV[5], 'deadline', ARGV[6], 'created_at', ARGV[7])
-if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'context', ARGV[11]) end
+local lacking = not cur[1]
+if ARGV[11] ~= '' then
+  local n = tonumber(ARGV[12])
+  local sent, named = {}, {}
+  for i = 13 + n, #ARGV, 2 do sent[ARGV[i]] = true end
+  lacking = false
+  for i = 13, 12 + n do
+    named[ARGV[i]] = true
+    if not sent[ARGV[i]] and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then lacking = true end
+  end
+  if not lacking then
+    for i = 13 + n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+    for _, name in ipairs(redis.call('HKEYS', KEYS[3])) do
+      if not named[name] then redis.call('HDEL', KEYS[3], name) end
+    end
+    redis.call('HSET', KEYS[1], 'context', ARGV[11])
+  end
+end
 redis.call('PEXPIREAT', KEYS[1], ARGV[8])
+redis.call('PEXPIREAT', KEYS[3], ARGV[8])
 redis.call('SET', KEYS[2], ARGV[9], 'PXAT', ARGV[10])
-if cur[1] then return {1} end
-return {2}
+if lacking then return {2} end
+return {1}
 """
 
-# KEYS: session, tombstone. ARGV: node, expected epoch, deadline, session expiry (ms),
-# tombstone (json), tombstone expiry (ms).
+# KEYS: session, tombstone, context parts. ARGV: node, expected epoch, deadline, session
+# expiry (ms), tombstone (json), tombstone expiry (ms).
 _CLAIM = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'owner')
 if not cur[1] then return {-1} end
@@ -55,6 +79,7 @@ if tonumber(cur[1]) ~= tonumber(ARGV[2]) then return {0, cur[1], cur[2]} end
 local epoch = tonumber(cur[1]) + 1
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'owner', ARGV[1], 'deadline', ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+redis.call('PEXPIREAT', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[2], ARGV[5], 'PXAT', ARGV[6])
 return {1, epoch}
 """
@@ -78,7 +103,8 @@ class RedisStore:
         self._claim = self.redis.register_script(_CLAIM)
 
     def _keys(self, session_id: str) -> list[str]:
-        return [f"{self.prefix}s:{session_id}", f"{self.prefix}t:{session_id}"]
+        """The session's hash, its tombstone and its context's parts."""
+        return [f"{self.prefix}{kind}:{session_id}" for kind in "stc"]
 
     def _tomb(self, secret_hash: str, deadline: float) -> list[str | int]:
         return [json.dumps({"secret_hash": secret_hash, "deadline": deadline}),
@@ -87,8 +113,14 @@ class RedisStore:
     async def save(self, record: SessionRecord) -> bool:
         args = [record.owner, record.epoch, record.secret_hash, json.dumps(record.conversation),
                 json.dumps(record.config), repr(record.deadline), repr(record.created_at),
-                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline),
-                "" if record.context is None else json.dumps(record.context)]
+                int(record.deadline * 1000), *self._tomb(record.secret_hash, record.deadline)]
+        context = record.context
+        if context is None:
+            args.append("")
+        else:
+            args += [json.dumps(context.index), len(context.names), *context.names]
+            for name, text in context.parts.items():
+                args += [name, text]
         try:
             result = await self._save(keys=self._keys(record.id), args=args)
         except _ERRORS as exc:
@@ -98,10 +130,11 @@ class RedisStore:
         return result[0] == 2
 
     async def load(self, session_id: str) -> SessionRecord | None:
-        skey, tkey = self._keys(session_id)
+        skey, tkey, ckey = self._keys(session_id)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                data, tomb = await pipe.hgetall(skey).get(tkey).execute()
+            # One transaction: the index and the parts it names, as one save left them.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                data, tomb, parts = await pipe.hgetall(skey).get(tkey).hgetall(ckey).execute()
         except _ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
         if data and float(data["deadline"]) > self.clock():
@@ -110,7 +143,8 @@ class RedisStore:
                 secret_hash=data["secret_hash"], deadline=float(data["deadline"]),
                 created_at=float(data["created_at"]),
                 conversation=json.loads(data["conversation"]), config=json.loads(data["config"]),
-                context=json.loads(data.get("context", "{}")),
+                context=StoredContext(json.loads(data.get("context", "{}")), parts,
+                                      tuple(parts)),
             )
         if tomb:
             # The hash may outlive its deadline by Redis's expiry granularity; the tombstone

@@ -15,6 +15,7 @@ from duplex.store.base import (
     SessionNotFound,
     SessionRecord,
     SessionStore,
+    StoredContext,
     StoreUnavailable,
     hash_secret,
     new_secret,
@@ -60,10 +61,10 @@ class SessionRegistry:
         return Lease(session_id, 1, hash_secret(token), self.clock()), token
 
     async def save(self, lease: Lease, conversation: list[dict[str, Any]],
-                   config: dict[str, Any], context: dict[str, Any] | None = None) -> bool:
+                   config: dict[str, Any], context: StoredContext | None = None) -> bool:
         """Write the session under the lease's epoch; raises Fenced or StoreUnavailable.
-        `context` None leaves the stored model context as it is; True when the record was
-        missing and so has none."""
+        `context` None leaves the stored model context as it is; True when the registry lacks
+        context the save took as held (`SessionStore.save`)."""
         return await self.store.save(SessionRecord(
             id=lease.session_id, owner=self.node_id, epoch=lease.epoch,
             secret_hash=lease.secret_hash, deadline=self.clock() + self.retention_s,

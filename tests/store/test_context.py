@@ -6,7 +6,17 @@ import json
 
 import numpy as np
 
-from duplex.store.context import ContextRecord, decode_flac, encode_flac, from_pcm16, quantize
+from duplex.store import StoredContext
+from duplex.store.context import (
+    AudioSpan,
+    ContextRecord,
+    ReplySpan,
+    TextSpan,
+    decode_flac,
+    encode_flac,
+    from_pcm16,
+    quantize,
+)
 from duplex.transport.realtime.protocol import RealtimeProtocol
 
 RATE = 24000
@@ -43,9 +53,19 @@ def play(p, seconds):
     return now
 
 
+def through_json(stored):
+    """`stored` as another node reads it from the registry."""
+    return StoredContext(json.loads(json.dumps(stored.index)), dict(stored.parts),
+                         tuple(stored.names))
+
+
+def load(stored, max_bytes=1 << 20):
+    return ContextRecord.from_record(through_json(stored), 16000, RATE, RATE, max_bytes)
+
+
 def saved_reply(record, p, now):
-    data = record.to_record(lambda core_id: p.heard(core_id, now))
-    return [e["reply"] for e in data["entries"] if "reply" in e]
+    stored = record.to_record(lambda core_id: p.heard(core_id, now))
+    return [s.heard_ids(None, 1.0) for s in load(stored).spans if isinstance(s, ReplySpan)]
 
 
 def test_generated_but_unheard_tokens_stay_out_of_the_saved_context():
@@ -79,10 +99,7 @@ def test_a_reply_heard_in_full_is_kept_whole_and_survives_a_save_and_load():
     p.on_engine_finished(p.response.epoch)
     now = play(p, 2.0)
     record.text("the tool said 3", "tool")
-    data = record.to_record(lambda core_id: p.heard(core_id, now))
-    assert data["entries"][1]["reply"] == [100, 101, 102, 103, 104, 7, 8]
-
-    loaded = ContextRecord.from_record(json.loads(json.dumps(data)), 16000, RATE, RATE, 1 << 20)
+    loaded = load(record.to_record(lambda core_id: p.heard(core_id, now)))
     assert loaded.head == ("be brief", ())
     audio = loaded.spans[0].pcm()
     # The model hears `quantize`d audio; the record gives it back bit for bit.
@@ -106,6 +123,8 @@ def test_tokens_kept_in_the_reply_order_whatever_order_they_arrive_in():
     p2, record2 = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
     generate(p2, record2, frames=3, place=2)
     assert saved_reply(record2, p2, play(p2, 1.0)) == [[]]
+    # A reply nobody heard a token of is no item put back.
+    assert load(record2.to_record(lambda core_id: p2.heard(core_id, RATE))).summary().items == 0
 
 
 def test_flac_is_lossless_and_smaller_than_the_samples_for_speech_like_audio():
@@ -123,14 +142,14 @@ def test_past_the_byte_cap_the_oldest_turns_are_left_out_and_counted():
     for turn in range(3):
         record.audio(quantize(rng.uniform(-0.5, 0.5, 16000).astype(np.float32)))
         record.text(f"turn {turn}", "user")
-    data = record.to_record(lambda core_id: None)
-    # One second of noise is ~43 kB of base64 FLAC: the oldest entries go until the rest
+    stored = record.to_record(lambda core_id: None)
+    # One second of noise is ~40 kB of base64 FLAC: the oldest entries go until the rest
     # fits, which leaves the newest audio and the texts around it.
-    assert data["left_out"] == 3
-    assert [e.get("text") for e in data["entries"]] == ["turn 1", None, "turn 2"]
-    assert data["head"] == {"instructions": "be brief", "tools": []}
-    loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 60_000)
-    assert loaded.summary().left_out == 3
+    loaded = load(stored, 60_000)
+    assert [getattr(s, "text", None) for s in loaded.spans] == ["turn 1", None, "turn 2"]
+    assert loaded.head == ("be brief", ()) and loaded.summary().left_out == 3
+    # What was left out is in the registry no more.
+    assert len(stored.parts) == 4 and sum(map(len, stored.parts.values())) < 60_000
 
 
 def test_long_audio_is_kept_in_blocks_encoded_once_and_comes_back_whole():
@@ -139,17 +158,27 @@ def test_long_audio_is_kept_in_blocks_encoded_once_and_comes_back_whole():
     pcm = quantize(rng.uniform(-0.2, 0.2, 16000 * 25).astype(np.float32))
     for part in np.array_split(pcm, 50):  # as the session pushes it, a piece at a time
         record.audio(part)
-    first = record.to_record(lambda core_id: None)["entries"][0]
-    assert first["samples"] == [160000, 160000, 80000]
+    first = record.to_record(lambda core_id: None)
+    [[blocks]] = [e.values() for e in first.index["entries"]]
     record.audio(pcm[:1600])
-    again = record.to_record(lambda core_id: None)["entries"][0]
-    # Full blocks are not encoded again; only the tail grew.
-    assert again["audio"][:2] == first["audio"][:2] and again["samples"][2] == 81600
-    loaded = ContextRecord.from_record(json.loads(json.dumps({
-        "rate": 16000, "head": None, "entries": [again]})), 16000, RATE, RATE, 1 << 24)
+    again = record.to_record(lambda core_id: None)
+    [[names]] = [e.values() for e in again.index["entries"]]
+    # Nothing saved is encoded or named again: the 0.1 s since is one more piece.
+    assert names[:3] == blocks and len(names) == 4
+    assert {n: again.parts[n] for n in blocks} == {n: first.parts[n] for n in blocks}
+    assert [int(again.parts[n].split(":")[0]) for n in names] == [160000, 160000, 80000, 1600]
+    loaded = load(again, 1 << 24)
     restored = from_pcm16(loaded.spans[0].pcm())
     assert restored.tobytes() == np.concatenate([pcm, pcm[:1600]]).tobytes()
     assert loaded.summary().audio_seconds == 25.1
+    # Once a block is full it takes the pieces' place.
+    record.audio(pcm[: 16000 * 5])
+    full = record.to_record(lambda core_id: None)
+    [[names]] = [e.values() for e in full.index["entries"]]
+    assert names[:2] == blocks[:2] and len(names) == 4
+    assert [int(full.parts[n].split(":")[0]) for n in names] == [160000] * 3 + [1600]
+    restored = from_pcm16(load(full, 1 << 24).spans[0].pcm())
+    assert restored.tobytes() == np.concatenate([pcm, pcm[:1600], pcm[: 16000 * 5]]).tobytes()
 
 
 def test_one_long_stretch_of_audio_past_the_cap_loses_its_oldest_blocks_only():
@@ -157,9 +186,23 @@ def test_one_long_stretch_of_audio_past_the_cap_loses_its_oldest_blocks_only():
     rng = np.random.default_rng(4)
     record.text("hello", "user")
     record.audio(quantize(rng.uniform(-0.5, 0.5, 16000 * 60).astype(np.float32)))
-    data = record.to_record(lambda core_id: None)
-    # ~430 kB of noise per 10 s block: the text and the oldest four blocks go.
-    [entry] = data["entries"]
-    assert entry["samples"] == [160000, 160000] and data["left_out"] == 1
-    loaded = ContextRecord.from_record(data, 16000, RATE, RATE, 1_000_000)
-    assert loaded.summary().audio_seconds == 20.0
+    stored = record.to_record(lambda core_id: None)
+    # ~420 kB of noise per 10 s block: the text and the oldest four blocks go.
+    loaded = load(stored, 1_000_000)
+    [span] = loaded.spans
+    assert isinstance(span, AudioSpan) and [b.samples for b in span.blocks] == [160000] * 2
+    assert loaded.summary().left_out == 1 and loaded.summary().audio_seconds == 20.0
+
+
+def test_a_loaded_record_keeps_its_names_and_names_what_comes_after_anew():
+    record = ContextRecord(16000, RATE, RATE, 1 << 20)
+    record.instruct("be brief", ())
+    record.text("hi", "user")
+    record.audio(quantize(np.full(1600, 0.1, np.float32)))
+    stored = record.to_record(lambda core_id: None)
+    loaded = load(stored)
+    assert loaded.to_record(lambda core_id: None).parts == stored.parts
+    loaded.text("again", "user")
+    after = loaded.to_record(lambda core_id: None)
+    [new] = set(after.parts) - set(stored.parts)
+    assert isinstance(loaded.spans[-1], TextSpan) and json.loads(after.parts[new])["text"] == "again"

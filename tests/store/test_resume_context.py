@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import redis
 
-from duplex.store.context import decode_flac
+from duplex.store import StoredContext
+from duplex.store.context import AudioSpan, ContextRecord
 from tests.store.test_resume_cluster import Client as WireClient
 from tests.waiting import eventually
 
@@ -90,9 +91,12 @@ async def resume(server, session):
 
 
 def saved(redis_url, session_id):
-    entry = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(
-        f"duplex:s:{session_id}")
-    return json.loads(entry.get("conversation", "[]")), json.loads(entry.get("context", "{}"))
+    """The conversation and the model context the registry holds, as one save left them."""
+    with redis.Redis.from_url(redis_url, decode_responses=True).pipeline() as pipe:
+        entry, parts = pipe.hgetall(f"duplex:s:{session_id}").hgetall(
+            f"duplex:c:{session_id}").execute()
+    return (json.loads(entry.get("conversation", "[]")),
+            StoredContext(json.loads(entry.get("context", "{}")), parts, tuple(parts)))
 
 
 async def heard_in_full(redis_url, session_id, transcripts):
@@ -110,9 +114,10 @@ async def heard_in_full(redis_url, session_id, transcripts):
 def heard_audio(redis_url, session_id):
     """Each user audio turn as the model heard it (16-bit, at its input rate), from the
     context record the session's node saved."""
-    _, context = saved(redis_url, session_id)
-    return [np.concatenate([decode_flac(base64.b64decode(b)) for b in e["audio"]])
-            for e in context.get("entries", []) if "audio" in e]
+    _, stored = saved(redis_url, session_id)
+    rate = stored.index.get("rate", 0)
+    context = ContextRecord.from_record(stored, rate, RATE, RATE, 1 << 30)
+    return [s.pcm() for s in context.spans if isinstance(s, AudioSpan)]
 
 
 GREEDY = {"max_output_tokens": 8}

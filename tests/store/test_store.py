@@ -2,7 +2,6 @@
 
 import asyncio
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -14,6 +13,7 @@ from duplex.store import (
     SessionNotFound,
     SessionRecord,
     SessionRegistry,
+    StoredContext,
     StoreUnavailable,
     hash_secret,
 )
@@ -49,11 +49,31 @@ async def after(store, seconds: float, holds) -> None:
     await eventually(holds, f"so, {seconds + 5:g} s later", seconds + 5)
 
 
-def record(epoch=1, owner="a", deadline_in=30.0, conversation=None, now=None):
+def record(epoch=1, owner="a", deadline_in=30.0, conversation=None, now=None, context=None):
     now = time.time() if now is None else now
     return SessionRecord(id="sess_1", owner=owner, epoch=epoch, secret_hash=hash_secret("rt_x"),
                          deadline=now + deadline_in, created_at=now,
-                         conversation=conversation or [{"id": "item_1", "role": "user"}])
+                         conversation=conversation or [{"id": "item_1", "role": "user"}],
+                         context=context)
+
+
+def context(names, sent=None):
+    """An index naming `names`, sending the parts `sent` (all of them by default)."""
+    sent = names if sent is None else sent
+    return StoredContext({"entries": list(names)}, {n: f"part {n}" for n in sent}, tuple(names))
+
+
+def same(a, b):
+    """The same index and parts (the order a registry lists them in aside)."""
+    return (a.index, a.parts, set(a.names)) == (b.index, b.parts, set(b.names))
+
+
+async def held_parts(store, session_id="sess_1"):
+    """The context parts the registry holds for the session, loaded or not."""
+    if isinstance(store, RedisStore):
+        return await store.redis.hgetall(f"duplex:c:{session_id}")
+    rec = store._sessions.get(session_id)
+    return rec.context.parts if rec is not None else {}
 
 
 async def test_claim_bumps_the_epoch_and_fences_the_old_owner(store):
@@ -96,20 +116,43 @@ async def test_a_missing_record_is_written_again_by_its_owner(store):
 
 
 async def test_a_save_without_the_context_keeps_the_stored_one_and_says_when_there_is_none(store):
-    context = {"rate": 16000, "head": None, "entries": [{"text": "hi", "role": "user"}]}
-    assert await store.save(replace(record(), context=context)) is True
-    assert await store.save(replace(record(conversation=[{"id": "item_2"}]), context=None)) is False
+    assert await store.save(record(context=context(["1", "2"]))) is False
+    assert await store.save(record(conversation=[{"id": "item_2"}])) is False
     loaded = await store.load("sess_1")
-    assert (loaded.conversation, loaded.context) == ([{"id": "item_2"}], context)
+    assert loaded.conversation == [{"id": "item_2"}]
+    assert same(loaded.context, context(["1", "2"]))
     # A registry that lost the record: the save that leaves the context out is told so.
     await store.delete("sess_1")
-    assert await store.save(replace(record(), context=None)) is True
-    assert (await store.load("sess_1")).context == {}
+    assert await held_parts(store) == {}
+    assert await store.save(record()) is True
+    assert (await store.load("sess_1")).context == StoredContext()
+
+
+async def test_a_save_writes_only_new_parts_and_the_registry_keeps_just_those_named(store):
+    await store.save(record(context=context(["1", "2", "3"])))
+    # "2" is still held; "1" and "3" are no longer named; "4" is new.
+    assert await store.save(record(context=context(["2", "4"], sent=["4"]))) is False
+    assert await held_parts(store) == {"2": "part 2", "4": "part 4"}
+    assert same((await store.load("sess_1")).context, context(["2", "4"]))
+    # An index naming a part that was neither sent nor held is refused whole: the stored
+    # context stays as it was, and the caller is told to send everything.
+    assert await store.save(record(context=context(["2", "5", "6"], sent=["6"]))) is True
+    assert await held_parts(store) == {"2": "part 2", "4": "part 4"}
+    assert same((await store.load("sess_1")).context, context(["2", "4"]))
+
+
+async def test_a_fenced_owner_writes_no_part(store):
+    await store.save(record(context=context(["1"])))
+    await store.claim("sess_1", "b", 1, time.time() + 30)
+    with pytest.raises(Fenced):
+        await store.save(record(epoch=1, owner="a", context=context(["1", "2"], sent=["2"])))
+    assert await held_parts(store) == {"1": "part 1"}
+    assert same((await store.load("sess_1")).context, context(["1"]))
 
 
 async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
     now = store.clock()
-    await store.save(record(deadline_in=0.3, now=now))
+    await store.save(record(deadline_in=0.3, now=now, context=context(["1", "2"])))
     await store.put_key(hash_secret("ek_1"), EphemeralKey("key", now + 0.3, "sess_k"))
     await store.put_key(hash_secret("ek_2"), EphemeralKey("key", now + 0.3, "sess_l"))
     assert (await store.take_key(hash_secret("ek_1"))).session_id == "sess_k"
@@ -122,6 +165,7 @@ async def test_expiry_keeps_a_tombstone_then_releases_everything(store):
     await after(store, 0.35, tombstoned)
     tomb = await store.load("sess_1")
     assert tomb.expired and tomb.conversation == [] and tomb.secret_hash == hash_secret("rt_x")
+    assert await held_parts(store) == {}
     assert await store.take_key(hash_secret("ek_2")) is None
     with pytest.raises(SessionNotFound):
         await store.claim("sess_1", "b", 1, time.time() + 30)

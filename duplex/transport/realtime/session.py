@@ -19,7 +19,7 @@ from duplex.engine.scheduler import ReplyTokens, ResponseFinished, ResponseTimin
 from duplex.media.image import decode_image
 from duplex.observability.logs import bind_session
 from duplex.observability.metrics import Metrics
-from duplex.store import ResumeError, SessionRegistry
+from duplex.store import ResumeError, SessionRegistry, StoredContext
 from duplex.store.context import (
     AudioSpan,
     ContextRecord,
@@ -141,15 +141,17 @@ class RealtimeSession(SessionLoop):
             if engine.model.restores_context:
                 self.context = self._new_context()
 
-    def _new_context(self, saved: dict | None = None) -> ContextRecord:
+    def _new_context(self, saved: StoredContext | None = None) -> ContextRecord:
         m = self.engine.model
         args = (m.input_rate, m.output_rate, RATE, self.keeper.registry.context_max_bytes)
-        return ContextRecord.from_record(saved, *args) if saved else ContextRecord(*args)
+        if saved is None:
+            return ContextRecord(*args)
+        return ContextRecord.from_record(saved, *args)
 
-    def _snapshot(self) -> tuple[list, dict, dict]:
+    def _snapshot(self) -> tuple[list, dict, StoredContext]:
         now = self.now_sample()
         items, config = self.protocol.snapshot(now)
-        context = {} if self.context is None else self.context.to_record(
+        context = StoredContext() if self.context is None else self.context.to_record(
             lambda core_id: self.protocol.heard(core_id, now), self.protocol.clock.input_state())
         return items, config, context
 
