@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from duplex.media.fir import ResamplerState
+from duplex.media.fir import InputResamplers, ResamplerState
 
 FLAC = "flac"
 Heard = Callable[[int], int | None]
@@ -161,8 +161,8 @@ class ContextRecord:
         self.head: tuple[str, tuple[dict[str, Any], ...]] | None = None
         self.spans: list[Span] = []
         self.left_out = 0
-        self.resampler: ResamplerState | None = None
-        """Where the model's input resampler stood when the record was saved: a new connection
+        self.resamplers: InputResamplers | None = None
+        """Where the input path's resamplers stood when the record was saved: a new connection
         goes on from there, so new audio reaches the model as it would have without the drop."""
 
     # -- what the session hands the engine, in order -----------------------------------------
@@ -200,9 +200,10 @@ class ContextRecord:
 
     # -- saved and loaded ---------------------------------------------------------------------
 
-    def to_record(self, heard: Heard, resampler: ResamplerState | None = None) -> dict[str, Any]:
+    def to_record(self, heard: Heard,
+                  resamplers: InputResamplers | None = None) -> dict[str, Any]:
         """Plain JSON for the registry: replies cut at what was heard, audio as FLAC, the
-        oldest turns left out past `max_bytes`, and the input resampler's `resampler` state."""
+        oldest turns left out past `max_bytes`, and where the input `resamplers` stand."""
         entries: list[dict[str, Any]] = []
         for span in self.spans:
             if isinstance(span, AudioSpan):
@@ -230,10 +231,10 @@ class ContextRecord:
                                                "tools": list(self.head[1])}
         saved = {"rate": self.input_rate, "head": head, "entries": entries,
                  "left_out": left_out}
-        if resampler is not None:
-            saved["resampler"] = {"fed": resampler.fed, "emitted": resampler.emitted,
-                                  "tail": base64.b64encode(resampler.tail.astype("<f4").tobytes())
-                                  .decode()}
+        if resamplers is not None:
+            saved["resampler"] = _state_json(resamplers.model)
+            if resamplers.g711 is not None:
+                saved["g711_resampler"] = _state_json(resamplers.g711)
         return saved
 
     @classmethod
@@ -248,8 +249,9 @@ class ContextRecord:
             record.head = (head["instructions"], tuple(head["tools"]))
         record.left_out = data.get("left_out", 0)
         if (r := data.get("resampler")) is not None:
-            tail = np.frombuffer(base64.b64decode(r["tail"]), "<f4").astype(np.float32)
-            record.resampler = ResamplerState(tail, r["fed"], r["emitted"])
+            g711 = data.get("g711_resampler")
+            record.resamplers = InputResamplers(_state_from_json(r),
+                                                None if g711 is None else _state_from_json(g711))
         for e in data.get("entries", []):
             if "audio" in e:
                 record.spans.append(AudioSpan(blocks=list(zip(e["samples"], e["audio"],
@@ -266,6 +268,16 @@ class ContextRecord:
         items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)
         samples = sum(s.samples for s in self.spans if isinstance(s, AudioSpan))
         return Rebuilt(items, samples / self.input_rate, self.left_out, kept_live)
+
+
+def _state_json(state: ResamplerState) -> dict[str, Any]:
+    return {"fed": state.fed, "emitted": state.emitted,
+            "tail": base64.b64encode(state.tail.astype("<f4").tobytes()).decode()}
+
+
+def _state_from_json(data: dict[str, Any]) -> ResamplerState:
+    tail = np.frombuffer(base64.b64decode(data["tail"]), "<f4").astype(np.float32)
+    return ResamplerState(tail, data["fed"], data["emitted"])
 
 
 def _size(entry: dict[str, Any]) -> int:

@@ -150,7 +150,7 @@ class RealtimeSession(SessionLoop):
         now = self.now_sample()
         items, config = self.protocol.snapshot(now)
         context = {} if self.context is None else self.context.to_record(
-            lambda core_id: self.protocol.heard(core_id, now), self.protocol.clock.input_state())
+            lambda core_id: self.protocol.heard(core_id, now), self.protocol.input_state())
         return items, config, context
 
     def feed_audio(self, pcm) -> None:
@@ -182,7 +182,7 @@ class RealtimeSession(SessionLoop):
         engine.park(engine_id)
         live.park(self.protocol.session_id, Parked(engine_id, self.keeper.lease.epoch, epoch,
                                                    lambda: engine.close(engine_id),
-                                                   self.protocol.clock.input_state()))
+                                                   self.protocol.input_state()))
 
     async def ended(self) -> None:
         if self.keeper is not None:
@@ -358,13 +358,13 @@ class RealtimeSession(SessionLoop):
             self.context = context
             rebuilt = (context.summary(kept_live=True) if context is not None
                        else Rebuilt(0, 0.0, 0, kept_live=True)).wire()
-            if parked.resampler is not None:
-                self.protocol.clock.resume_input(parked.resampler)
+            if parked.resamplers is not None:
+                self.protocol.resume_input(parked.resamplers)
         elif self.context is not None:
             self.context = self._new_context(record.context)
             rebuilt = self._rebuild(self.context).wire()
-            if self.context.resampler is not None:
-                self.protocol.clock.resume_input(self.context.resampler)
+            if self.context.resamplers is not None:
+                self.protocol.resume_input(self.context.resamplers)
         log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
                  record.id, lease.epoch, self.session_id, rebuilt)
         return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt)
