@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from duplex.access.limits import Quota
+from duplex.access.limits import Place, Quota
 from duplex.engine.client import EngineClient
 from duplex.engine.scheduler import ReplyTokens, ResponseFinished, ResponseTimings
 from duplex.media.image import decode_image
@@ -100,7 +100,7 @@ class RealtimeSession(SessionLoop):
                  registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
                  quota: Quota | None = None, metrics: Metrics | None = None,
                  duplex_events: bool = False, transcriber: Transcriber | None = None,
-                 duplex_default: bool = False) -> None:
+                 duplex_default: bool = False, place: Place | None = None) -> None:
         # This connection's name in the engine and hub; a resume changes only the protocol's
         # (the registry's) id, so the same session resumed on this node never collides.
         session_id = session_id or "sess_" + secrets.token_hex(8)
@@ -129,6 +129,8 @@ class RealtimeSession(SessionLoop):
         self.quota = quota
         self.metrics = metrics
         self.transcriber = transcriber
+        self.place = place
+        """This connection's seat in the session limits; a resume moves it onto the session's."""
         self._response_started: float | None = None
         self._onset: int | None = None
         self.keeper = None
@@ -346,6 +348,8 @@ class RealtimeSession(SessionLoop):
         except ResumeError as exc:
             return self.protocol.refuse(exc.code, str(exc), "session_id")
         await self.keeper.switch(lease)
+        if self.place is not None:
+            await self.place.move_to(record.id)
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
         rebuilt = None
