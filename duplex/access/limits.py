@@ -156,10 +156,13 @@ class Quota:
 
 class Admission:
     def __init__(self, config: LimitsSettings, clock: Callable[[], float] = time.monotonic,
-                 seats: Seats | None = None) -> None:
+                 seats: Seats | None = None,
+                 on_refused: Callable[[str], None] = lambda limit: None) -> None:
         self.config = config
         self.clock = clock
         self.seats = seats if seats is not None else LocalSeats(config)
+        self.on_refused = on_refused
+        """Told the limit each refused session would have broken (for the metrics)."""
         self._global = (TokenBucket(config.messages_per_s, config.message_burst, clock)
                         if config.messages_per_s else None)
         self._key_buckets: dict[str, TokenBucket] = {}
@@ -170,6 +173,7 @@ class Admission:
         seat = Seat(session_id or "seat_" + secrets.token_hex(8), key_id)
         limit = await self.seats.take(seat)
         if limit is not None:
+            self.on_refused(limit)
             raise OverLimit(limit)
         return Place(self.seats, seat)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -108,8 +109,10 @@ _LIMITS = {1: "limits.sessions", 2: "limits.sessions_per_key"}
 
 class RedisSeats:
     def __init__(self, client: aioredis.Redis, config: LimitsSettings, renew_s: float,
-                 prefix: str = "duplex:") -> None:
+                 prefix: str = "duplex:", on_fallback: Callable[[], None] = lambda: None) -> None:
         self.client = client
+        self.on_fallback = on_fallback
+        """Told each time Redis is found unreachable and the node starts counting alone."""
         self.config = config
         self.renew_s = renew_s
         self.prefix = prefix
@@ -226,6 +229,7 @@ class RedisSeats:
 
     def _unreachable(self, exc: Exception) -> None:
         if not self.local_only:
+            self.on_fallback()
             log.warning("Redis unreachable (%s): concurrent sessions are counted on this node "
                         "alone until it is back", exc)
         self.local_only = True

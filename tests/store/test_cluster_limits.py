@@ -6,9 +6,11 @@ import json
 import os
 import signal
 
+import httpx
 import pytest
 import redis
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.waiting import eventually
 
@@ -46,6 +48,20 @@ def too_many(limit):
                                  "param": None}})
 
 
+def samples(node, name):
+    """Each sample of metric `name` on `node`'s /metrics, by its labels."""
+    text = httpx.get(f"{node.url}/metrics").text
+    return {tuple(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name}
+
+
+def refused(node):
+    """Sessions `node` refused at the limits, by reason."""
+    return {dict(labels)["reason"]: value
+            for labels, value in samples(node, "duplex_sessions_refused_total").items()}
+
+
 async def admitted(node, key, opened):
     try:
         opened.append(await open_session(node, key))
@@ -65,6 +81,8 @@ async def test_limits_hold_across_nodes_and_a_dead_nodes_sessions_stop_counting(
     on_b = [await open_session(b, "sk-2")]
     assert await refusal(b, "sk-2") == too_many("limits.sessions")
     assert await refusal(a, "sk-2") == too_many("limits.sessions")
+    for node in (a, b):
+        assert refused(node) == {"sessions": 1, "sessions_per_key": 1}
 
     # Node A renews its places: they still count once its first leases have ended.
     sync = redis.Redis.from_url(redis_server.url)
@@ -168,3 +186,16 @@ async def test_a_session_resumed_on_another_node_counts_once_from_its_resume(one
     for each in [ws, *opened]:
         await each.close()
 
+
+
+async def test_a_node_that_loses_redis_counts_alone_and_says_so(server_process, redis_server):
+    env = {**os.environ, "DUPLEX_REDIS_URL": redis_server.url, "DUPLEX_LIMITS__SESSIONS": "1",
+           "DUPLEX_AUTH__API_KEYS": "sk-1"}
+    node = server_process("--model", "echo", env=env)
+    assert samples(node, "duplex_seats_local_fallback_total") == {(): 0}
+    redis_server.stop()
+    ws = await open_session(node, "sk-1")
+    assert samples(node, "duplex_seats_local_fallback_total") == {(): 1}
+    assert await refusal(node, "sk-1") == too_many("limits.sessions")
+    assert refused(node) == {"sessions": 1, "sessions_per_key": 0}
+    await ws.close()
