@@ -74,13 +74,14 @@ def create_app(settings: Settings) -> Starlette:
     registry = SessionRegistry(store, node_id, ss.retention_s,
                                context_max_bytes=ss.context_max_bytes,
                                keep_live_s=ss.keep_live_s)
+    metrics = Metrics(settings.model.name)
     lim = settings.limits
     # Without a session limit there is nothing to count, so nothing goes to Redis.
-    seats = (RedisSeats(store.redis, lim, ss.heartbeat_s)
+    seats = (RedisSeats(store.redis, lim, ss.heartbeat_s,
+                        on_fallback=metrics.seats_local_fallback.inc)
              if ss.backend == "redis" and (lim.sessions or lim.sessions_per_key) else None)
-    admission = Admission(lim, seats=seats)
+    admission = Admission(lim, seats=seats, on_refused=metrics.count_refusal)
     gate = Gate(settings.auth, settings.telephony, registry, admission)
-    metrics = Metrics(settings.model.name)
     duplex_default = settings.duplex.default_mode.get(settings.model.name) == "duplex"
     metrics.active_sessions.set_function(lambda: len(hub))
 

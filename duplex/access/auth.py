@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -158,20 +159,36 @@ class AuthMiddleware:
             return
         state = scope.setdefault("state", {})
         state["principal"] = principal
-        seat = None
+        place = None
         if scope["type"] == "websocket":
+            # The session's id is chosen here, so that its seat bears it (a resume elsewhere
+            # moves onto that seat).
+            state["session_id"] = principal.session_id or "sess_" + secrets.token_hex(8)
+            seat_id = await self._resumed_here(conn) if session else None
             try:
-                seat = await self.gate.admission.enter(principal.key_id)
+                place = await self.gate.admission.enter(principal.key_id,
+                                                        seat_id or state["session_id"])
             except OverLimit as over:
                 await self._deny(scope, receive, send, 429, "rate_limit_exceeded",
                                  str(over), retry_after=1)
                 return
+            state["place"] = place
             state["quota"] = self.gate.admission.quota(principal.key_id)
         try:
             await self.app(scope, receive, send)
         finally:
-            if seat is not None:
-                self.gate.admission.leave(seat)
+            if place is not None:
+                self.gate.admission.leave(place)
+
+    async def _resumed_here(self, conn: HTTPConnection) -> str | None:
+        """The session this connection names to resume at the handshake
+        (`?resume_session_id=...&resume_token=...`), if the token proves it: its seat is
+        taken over, so a session resumed at the cluster's limit is admitted."""
+        session_id = conn.query_params.get("resume_session_id")
+        token = conn.query_params.get("resume_token")
+        if session_id and token and await self.gate.registry.resumable(session_id, token):
+            return session_id
+        return None
 
     @staticmethod
     async def _deny(scope, receive, send, status: int, code: str, message: str,

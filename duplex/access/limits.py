@@ -10,18 +10,25 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from duplex.config import LimitsSettings
 
 
+def _holder() -> str:
+    return secrets.token_hex(8)
+
+
 @dataclass(frozen=True)
 class Seat:
-    """One admitted session's place in the count, given back when it ends."""
+    """One admitted session's place in the count, given back when it ends. Its id is the
+    session's: a resume moves the resuming connection onto it, so a session holds one place
+    wherever it is served; `holder` tells the connection that holds it now from one before."""
 
     id: str
     key_id: str
+    holder: str = field(default_factory=_holder)
 
 
 class OverLimit(Exception):
@@ -46,14 +53,29 @@ def limit_broken(config: LimitsSettings, seats: Iterable[Seat], key_id: str) -> 
     return None
 
 
+def move_held(held: dict[str, Seat], seat: Seat, session_id: str) -> Seat:
+    """`held` with `seat` moved onto `session_id`'s: the seat the connection holds now."""
+    if held.get(seat.id) == seat:
+        del held[seat.id]
+    moved = Seat(session_id, seat.key_id, seat.holder)
+    held[session_id] = moved
+    return moved
+
+
 class Seats(Protocol):
     held: dict[str, Seat]
     """This node's seats, by id."""
 
     async def take(self, seat: Seat) -> str | None:
-        """Count `seat` in, or name the limit it would break (and count nothing)."""
+        """Count `seat` in, or name the limit it would break (and count nothing). A seat whose
+        id already counts (a resume named at the handshake) is taken over, whatever the count."""
 
-    def give_back(self, seat: Seat) -> None: ...
+    async def move(self, seat: Seat, session_id: str) -> Seat:
+        """`seat` given up for `session_id`'s (the session its connection resumed), which it
+        takes over wherever it was held; never counts one more."""
+
+    def give_back(self, seat: Seat) -> None:
+        """Unless another connection has taken the seat over since."""
 
     async def close(self) -> None: ...
 
@@ -66,16 +88,35 @@ class LocalSeats:
         self.held: dict[str, Seat] = {}
 
     async def take(self, seat: Seat) -> str | None:
-        limit = limit_broken(self.config, self.held.values(), seat.key_id)
+        limit = None if seat.id in self.held else limit_broken(self.config, self.held.values(),
+                                                               seat.key_id)
         if limit is None:
             self.held[seat.id] = seat
         return limit
 
+    async def move(self, seat: Seat, session_id: str) -> Seat:
+        return move_held(self.held, seat, session_id)
+
     def give_back(self, seat: Seat) -> None:
-        self.held.pop(seat.id, None)
+        if self.held.get(seat.id) == seat:
+            del self.held[seat.id]
 
     async def close(self) -> None:
         pass
+
+
+class Place:
+    """The seat one connection holds, which follows the session it serves."""
+
+    def __init__(self, seats: Seats, seat: Seat) -> None:
+        self.seats = seats
+        self.seat = seat
+
+    async def move_to(self, session_id: str) -> None:
+        """The connection resumed `session_id`: it holds that session's seat instead of its
+        own, so the session counts once (not twice until its old lease ends)."""
+        if session_id != self.seat.id:
+            self.seat = await self.seats.move(self.seat, session_id)
 
 
 class TokenBucket:
@@ -115,24 +156,29 @@ class Quota:
 
 class Admission:
     def __init__(self, config: LimitsSettings, clock: Callable[[], float] = time.monotonic,
-                 seats: Seats | None = None) -> None:
+                 seats: Seats | None = None,
+                 on_refused: Callable[[str], None] = lambda limit: None) -> None:
         self.config = config
         self.clock = clock
         self.seats = seats if seats is not None else LocalSeats(config)
+        self.on_refused = on_refused
+        """Told the limit each refused session would have broken (for the metrics)."""
         self._global = (TokenBucket(config.messages_per_s, config.message_burst, clock)
                         if config.messages_per_s else None)
         self._key_buckets: dict[str, TokenBucket] = {}
 
-    async def enter(self, key_id: str) -> Seat:
-        """A seat for a new session of `key_id`; raises OverLimit naming the limit instead."""
-        seat = Seat("seat_" + secrets.token_hex(8), key_id)
+    async def enter(self, key_id: str, session_id: str | None = None) -> Place:
+        """A place for session `session_id` (a new one's id, or one a resume named and proved
+        at the handshake) of `key_id`; raises OverLimit naming the limit instead."""
+        seat = Seat(session_id or "seat_" + secrets.token_hex(8), key_id)
         limit = await self.seats.take(seat)
         if limit is not None:
+            self.on_refused(limit)
             raise OverLimit(limit)
-        return seat
+        return Place(self.seats, seat)
 
-    def leave(self, seat: Seat) -> None:
-        self.seats.give_back(seat)
+    def leave(self, place: Place) -> None:
+        self.seats.give_back(place.seat)
 
     def quota(self, key_id: str) -> Quota:
         c = self.config

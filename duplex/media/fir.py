@@ -1,5 +1,6 @@
-"""A polyphase FIR resampler whose state is a few plain numbers and samples, for the model's
-input: a resume on another node re-primes one from the saved state and it goes on sample for
+"""A polyphase FIR resampler whose state is a few plain numbers and samples, for a session's
+input path (8 kHz G.711 onto the session clock, the session clock onto the model's rate): a
+resume on another node re-primes one from the saved state and it goes on sample for
 sample, releasing the same samples at the same inputs, as the uninterrupted one would.
 
 soxr cannot do that: its filters work on blocks fixed from the stream's first sample, so a
@@ -34,6 +35,16 @@ class ResamplerState:
     emitted: int
 
 
+@dataclass(frozen=True)
+class InputResamplers:
+    """Where each resampler on a session's input path stands, for a resume to go on from."""
+
+    model: ResamplerState
+    """Session clock -> the model's input rate."""
+    g711: ResamplerState | None = None
+    """8 kHz G.711 -> the session clock; None while no G.711 audio has come in."""
+
+
 class FirResampler:
     def __init__(self, in_rate: int, out_rate: int) -> None:
         g = gcd(in_rate, out_rate)
@@ -54,7 +65,8 @@ class FirResampler:
         # lands where its input was (no delay on the session clock) once that input is in.
         self._centre = n // 2
         self.lookahead = -(-self._centre // self.down)
-        """Output samples held back until the input they centre on is in (1.3 ms or less)."""
+        """Output samples held back until the input they centre on is in (1.3 ms for 24 ->
+        16 kHz, 4 ms for 8 -> 24 kHz)."""
         self.fed = 0
         self.emitted = 0
         self._buf = np.zeros(span, np.float32)

@@ -9,6 +9,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from duplex import __version__
 from models.caches import FEATURE, PREFIX, CacheStats
 
+REFUSAL_REASONS = {"limits.sessions": "sessions",
+                   "limits.sessions_per_key": "sessions_per_key"}
+
 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
@@ -20,6 +23,17 @@ class Metrics:
         )
         self.active_sessions = Gauge(
             "duplex_active_sessions", "Sessions open on this node", registry=self.registry
+        )
+        self.sessions_refused = Counter(
+            "duplex_sessions_refused", "Sessions refused at the concurrency limits, by the limit "
+            "(sessions: limits.sessions, sessions_per_key: limits.sessions_per_key)", ["reason"],
+            registry=self.registry,
+        )
+        for reason in REFUSAL_REASONS.values():
+            self.sessions_refused.labels(reason)
+        self.seats_local_fallback = Counter(
+            "duplex_seats_local_fallback", "Times this node found Redis unreachable and fell "
+            "back to counting concurrent sessions alone", registry=self.registry,
         )
         self.telephony_rejected = Counter(
             "duplex_telephony_rejected",
@@ -76,6 +90,10 @@ class Metrics:
         )
         self.caches = _CacheCollector()
         self.registry.register(self.caches)
+
+    def count_refusal(self, limit: str) -> None:
+        """A session refused at `limit` (the setting's name, `limits.sessions` ...)."""
+        self.sessions_refused.labels(REFUSAL_REASONS[limit]).inc()
 
     def count_interruption(self, confirmed: bool) -> None:
         (self.interruptions if confirmed else self.false_interruptions).inc()

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from duplex.media.fir import ResamplerState
+from duplex.media.fir import InputResamplers, ResamplerState
 from duplex.store.base import StoredContext
 
 FLAC = "flac"
@@ -220,8 +220,8 @@ class ContextRecord:
         self._head_part: Part | None = None
         self.spans: list[Span] = []
         self.left_out = 0
-        self.resampler: ResamplerState | None = None
-        """Where the model's input resampler stood when the record was saved: a new connection
+        self.resamplers: InputResamplers | None = None
+        """Where the input path's resamplers stood when the record was saved: a new connection
         goes on from there, so new audio reaches the model as it would have without the drop."""
         self._named = 0
         """Parts named so far in this session (saved with the index, so a resume on another
@@ -268,9 +268,10 @@ class ContextRecord:
 
     # -- saved and loaded ---------------------------------------------------------------------
 
-    def to_record(self, heard: Heard, resampler: ResamplerState | None = None) -> StoredContext:
+    def to_record(self, heard: Heard,
+                  resamplers: InputResamplers | None = None) -> StoredContext:
         """The context for the registry: replies cut at what was heard, audio as FLAC, the
-        oldest turns left out past `max_bytes`, and the input resampler's `resampler` state.
+        oldest turns left out past `max_bytes`, and where the input `resamplers` stand.
         Its index is small JSON naming the parts in order; a part keeps its name (and the
         registry its copy) while it is unchanged, so a save writes the index and the parts
         new since the last."""
@@ -303,10 +304,10 @@ class ContextRecord:
             "head": self._head_part.name if self._head_part is not None else None,
             "entries": [{kind: [p.name for p in parts]} for kind, parts in entries],
             "left_out": left_out}
-        if resampler is not None:
-            index["resampler"] = {"fed": resampler.fed, "emitted": resampler.emitted,
-                                  "tail": base64.b64encode(resampler.tail.astype("<f4").tobytes())
-                                  .decode()}
+        if resamplers is not None:
+            index["resampler"] = _state_json(resamplers.model)
+            if resamplers.g711 is not None:
+                index["g711_resampler"] = _state_json(resamplers.g711)
         parts = {p.name: p.text for p in kept}
         return StoredContext(index, parts, tuple(parts))
 
@@ -325,8 +326,9 @@ class ContextRecord:
             record._head_part = Part(name, parts[name], 0)
         record.left_out = index["left_out"]
         if (r := index.get("resampler")) is not None:
-            tail = np.frombuffer(base64.b64decode(r["tail"]), "<f4").astype(np.float32)
-            record.resampler = ResamplerState(tail, r["fed"], r["emitted"])
+            g711 = index.get("g711_resampler")
+            record.resamplers = InputResamplers(_state_from_json(r),
+                                                None if g711 is None else _state_from_json(g711))
         for entry in index["entries"]:
             [(kind, names)] = entry.items()
             if kind == "audio":
@@ -348,3 +350,13 @@ class ContextRecord:
         items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)
         samples = sum(s.samples for s in self.spans if isinstance(s, AudioSpan))
         return Rebuilt(items, samples / self.input_rate, self.left_out, kept_live)
+
+
+def _state_json(state: ResamplerState) -> dict[str, Any]:
+    return {"fed": state.fed, "emitted": state.emitted,
+            "tail": base64.b64encode(state.tail.astype("<f4").tobytes()).decode()}
+
+
+def _state_from_json(data: dict[str, Any]) -> ResamplerState:
+    tail = np.frombuffer(base64.b64decode(data["tail"]), "<f4").astype(np.float32)
+    return ResamplerState(tail, data["fed"], data["emitted"])

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from duplex.media.fir import ResamplerState
+from duplex.media.fir import InputResamplers
 
 
 @dataclass
@@ -21,8 +21,8 @@ class Parked:
     reply_epoch: int
     """The engine's reply epoch, which the session that takes it over continues from."""
     release: Callable[[], None]
-    resampler: ResamplerState | None = None
-    """Where the dropped connection's input resampler stood: the engine holds all it gave."""
+    resamplers: InputResamplers | None = None
+    """Where the dropped connection's input resamplers stood: the engine holds all they gave."""
     _expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

@@ -75,6 +75,16 @@ class SessionRegistry:
     async def forget(self, lease: Lease) -> None:
         await self.store.delete(lease.session_id)
 
+    async def resumable(self, session_id: str, token: str) -> bool:
+        """Whether `token` would resume `session_id` now (nothing is claimed); False when the
+        registry cannot be reached."""
+        try:
+            record = await self.store.load(session_id)
+        except StoreUnavailable:
+            return False
+        return (record is not None and not record.expired and record.deadline > self.clock()
+                and secret_matches(token, record.secret_hash))
+
     async def resume(self, session_id: str, token: str) -> tuple[Lease, SessionRecord]:
         try:
             record = await self.store.load(session_id)

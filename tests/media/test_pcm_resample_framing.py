@@ -79,29 +79,33 @@ def _chunks(signal, sizes):
     yield signal[at:]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 6000), min_size=1, max_size=12),
-       st.lists(st.integers(0, 1500), max_size=8), st.sampled_from([16000, 8000, 24000, 48000]),
+       st.lists(st.integers(0, 1500), max_size=8),
+       st.sampled_from([(24000, 16000), (24000, 8000), (24000, 24000), (24000, 48000),
+                        (8000, 24000)]),
        st.integers(0, 2**32 - 1))
-def test_a_resampler_resumed_from_its_state_goes_on_sample_for_sample(before, after, rate,
+def test_a_resampler_resumed_from_its_state_goes_on_sample_for_sample(before, after, rates,
                                                                       seed):
-    """The model's input resampler after a resume on another node: A then B through one
-    resampler equals A through one, its state saved and restored, B through the new one,
-    chunk for chunk (when a sample is released decides which turn a commit puts it in)."""
+    """The input path's resamplers after a resume on another node (the model's, and the
+    G.711 upsampler, 8 -> 24 kHz): A then B through one resampler equals A through one, its
+    state saved and restored, B through the new one, chunk for chunk (when a sample is
+    released decides which turn a commit puts it in)."""
+    src, rate = rates
     rng = np.random.default_rng(seed)
     a = rng.uniform(-0.5, 0.5, sum(before)).astype(np.float32)
     b = rng.uniform(-0.5, 0.5, sum(after) + 100).astype(np.float32)
-    whole = FirResampler(24000, rate)
+    whole = FirResampler(src, rate)
     expected = [whole.process(c) for c in [*_chunks(a, before), *_chunks(b, after)]]
-    first = FirResampler(24000, rate)
+    first = FirResampler(src, rate)
     heard = [first.process(c) for c in _chunks(a, before)]
-    resumed = FirResampler.resume(24000, rate, first.state())
+    resumed = FirResampler.resume(src, rate, first.state())
     heard += [resumed.process(c) for c in _chunks(b, after)]
     assert [len(c) for c in heard] == [len(c) for c in expected]
     assert np.array_equal(np.concatenate(heard), np.concatenate(expected))
     assert whole.emitted == len(np.concatenate(expected))
     # Everything fed is given but the few samples still waiting for their filter's centre.
-    assert 0 <= -(-whole.fed * rate // 24000) - whole.emitted <= whole.lookahead
+    assert 0 <= -(-whole.fed * rate // src) - whole.emitted <= whole.lookahead
 
 
 @pytest.mark.parametrize("rate", [16000, 8000, 48000])
@@ -117,12 +121,26 @@ def test_the_resumable_resampler_passes_speech_and_stops_aliases(rate):
         assert level(nyquist * 1.1) < -60
 
 
-@pytest.mark.parametrize("rate", [8000, 16000, 48000])
-def test_the_resumable_resampler_adds_no_delay(rate):
+@pytest.mark.parametrize("src, rate", [(24000, 8000), (24000, 16000), (24000, 48000),
+                                       (8000, 24000)])
+def test_the_resumable_resampler_adds_no_delay(src, rate):
     # An impulse comes out where it went in, on the other rate's clock: the session timeline
     # does not move by the filter's length.
     x = np.zeros(2400, np.float32)
     x[1200] = 1.0
-    r = FirResampler(24000, rate)
+    r = FirResampler(src, rate)
     out = np.concatenate([r.process(x), r.process(np.zeros(480, np.float32))])
-    assert abs(int(np.argmax(out)) - 1200 * rate // 24000) <= 1
+    assert abs(int(np.argmax(out)) - 1200 * rate // src) <= 1
+
+
+def test_the_g711_upsampler_passes_the_telephone_band_and_stops_its_images():
+    # 8 -> 24 kHz: a tone at f comes out at f, and nothing of it at 8 kHz - f or 8 kHz + f.
+    t = np.arange(8000) / 8000
+    for freq in (300, 1000, 3400):
+        out = FirResampler(8000, 24000).process(np.sin(2 * np.pi * freq * t).astype(np.float32))
+        mid = out[len(out) // 4:-len(out) // 4]
+        spectrum = np.abs(np.fft.rfft(mid * np.hanning(len(mid))))
+        at = spectrum[np.rint(np.array([freq, 8000 - freq, 8000 + freq]) * len(mid) / 24000)
+                      .astype(int)]
+        assert 20 * np.log10(at[0] / (len(mid) / 4)) > -1.0
+        assert 20 * np.log10(at[1:].max() / at[0]) < -60

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import redis
 
+from duplex.media import ulaw_encode
 from duplex.store import StoredContext
 from duplex.store.context import AudioSpan, ContextRecord
 from tests.store.test_resume_cluster import Client as WireClient
@@ -190,6 +191,79 @@ async def test_reply_after_resume_on_another_node_equals_the_uninterrupted_reply
     await fresh.audio_turn(seed=12)
     assert await fresh.reply(output_modalities=["text"], **GREEDY) != expected
     await fresh.ws.close()
+
+
+def pcmu_chunks(seconds: float, seed: int) -> list[str]:
+    """Telephone noise as a Realtime client sends it: mu-law at 8 kHz, 20 ms an append."""
+    rng = np.random.default_rng(seed)
+    audio = ulaw_encode((rng.uniform(-0.3, 0.3, int(8000 * seconds)) * 32767).astype(np.int16))
+    return [base64.b64encode(audio[i:i + 160]).decode() for i in range(0, len(audio), 160)]
+
+
+async def g711_session(server):
+    client, session = await new_session(server)
+    await client.send("session.update", session={
+        "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+    await client.until("session.updated")
+    return client, session
+
+
+async def g711_turn(client, seed):
+    for chunk in pcmu_chunks(0.8, seed):
+        await client.send("input_audio_buffer.append", audio=chunk)
+    await client.send("input_audio_buffer.commit")
+    await client.until("conversation.item.done")
+
+
+async def g711_saved(redis_url, session_id, turns):
+    """Wait until the session's record was saved with `turns` user items; then its audio is
+    everything the model was given."""
+    def user_items():
+        return sum(i.get("role") == "user" for i in saved(redis_url, session_id)[0])
+
+    await eventually(lambda: user_items() == turns, f"{turns} user turns in the saved record")
+    return np.concatenate(heard_audio(redis_url, session_id))
+
+
+@pytest.mark.parametrize("drop", ["node_killed", "connection_dropped"])
+async def test_a_g711_session_s_model_input_goes_on_sample_for_sample_after_a_resume(
+        drop, server_process, redis_server, tiny_omni_dir):
+    """mu-law input goes 8 -> 24 kHz onto the session clock, then 24 -> 16 kHz to the model:
+    both resamplers go on where the dropped connection's stood, from the saved record on
+    another node or from the state kept live on the same one."""
+    env = {**os.environ, "DUPLEX_STORE__HEARTBEAT_S": "0.2", "DUPLEX_REDIS_URL": redis_server.url,
+           "DUPLEX_STORE__KEEP_LIVE_S": "30"}
+    nodes = [server_process("--model", str(tiny_omni_dir), "--node-id", name, env=env)
+             for name in (["a", "b"] if drop == "node_killed" else ["a"])]
+    client, session = await g711_session(nodes[0])
+    await g711_turn(client, seed=21)
+    await g711_saved(redis_server.url, session["id"], 1)
+    if drop == "node_killed":
+        nodes[0].proc.send_signal(signal.SIGKILL)
+        nodes[0].proc.wait()
+    else:
+        await client.ws.close()
+        await eventually(
+            lambda: httpx.get(f"{nodes[0].url}/healthz").json()["active_sessions"] == 0,
+            "the dropped connection's session ends")
+    node = nodes[-1]
+
+    client, resumed = await resume(node, session)
+    assert resumed["type"] == "session.resumed"
+    assert resumed["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
+    assert resumed["rebuilt_context"]["kept_live"] is (drop == "connection_dropped")
+    await g711_turn(client, seed=22)
+    got = await g711_saved(redis_server.url, session["id"], 2)
+    await client.ws.close()
+
+    reference, reference_session = await g711_session(node)
+    await g711_turn(reference, seed=21)
+    await g711_turn(reference, seed=22)
+    want = await g711_saved(redis_server.url, reference_session["id"], 2)
+    await reference.ws.close()
+    # 1.6 s at 16 kHz, less what the two filters still hold for their centres' input.
+    assert 25400 < len(want) <= 25600
+    assert len(got) == len(want) and np.array_equal(got, want)
 
 
 def prefill_calls(server):

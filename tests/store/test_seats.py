@@ -136,3 +136,40 @@ async def test_two_nodes_count_as_one_node_would(redis_server, ops, sessions, pe
         for node, store in zip(nodes, stores, strict=True):
             await node.close()
             await store.close()
+
+
+async def test_a_resume_takes_its_sessions_seat_over_and_the_seat_counts_once(nodes):
+    """A session resumed on node B while node A still holds its seat (A died, or has not
+    noticed the drop yet): B's connection takes the seat over, A can neither renew it nor give
+    it back, and the session counts once."""
+    a, b = nodes(sessions=2, lease_s=5.0), nodes(sessions=2, lease_s=5.0)
+    on_a = Seat("sess_x", "k")
+    assert await a.take(on_a) is None
+    own = Seat("sess_new", "k")
+    assert await b.take(own) is None
+    assert await b.take(seat(1, "k")) == "limits.sessions"
+    # Resumed after its handshake: its own seat goes, the session's stays.
+    moved = await b.move(own, "sess_x")
+    assert (moved.id, set(b.held)) == ("sess_x", {"sess_x"})
+    assert await b.take(seat(1, "k")) is None
+    assert await a.take(seat(2, "k")) == "limits.sessions"
+    a.give_back(on_a)
+    await a.settled()
+    assert await a.take(seat(2, "k")) == "limits.sessions"
+    await a.renew()
+    assert not a.held
+
+
+async def test_a_resume_proved_at_the_handshake_is_admitted_at_the_limit(nodes):
+    a, b = nodes(sessions=1, lease_s=5.0), nodes(sessions=1, lease_s=5.0)
+    assert await a.take(Seat("sess_x", "k")) is None
+    assert await b.take(Seat("sess_y", "k")) == "limits.sessions"
+    # The same session, from a new connection: its seat is taken over, not a second one.
+    again = Seat("sess_x", "k")
+    assert await b.take(again) is None
+    assert await b.take(Seat("sess_y", "k")) == "limits.sessions"
+    await a.renew()
+    assert not a.held
+    b.give_back(again)
+    await b.settled()
+    assert await a.take(Seat("sess_y", "k")) is None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from duplex.media import Resampler, g711_to_float, pcm16_to_float
+from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.pcm import PcmError
 from duplex.media.rates import ASR_RATE
 from duplex.media.rates import REALTIME_RATE as RATE
@@ -58,8 +59,9 @@ class InputAudio:
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
         """The id the uncommitted audio's item takes, named when its speech started."""
-        # G.711 is 8 kHz telephone audio: a quick filter loses nothing and adds no burst delay.
-        self._g711_in = Resampler(8000, RATE, quality="QQ")
+        # Resumable, like the model's input resampler after it: a resumed G.711 session's
+        # model input goes on sample for sample.
+        self._g711_in = FirResampler(8000, RATE)
         self._to_asr = Resampler(RATE, ASR_RATE)
         self._asr_audio: list[np.ndarray] = []
         """Uncommitted input at the recogniser's rate, kept only while transcription is on."""
@@ -82,6 +84,13 @@ class InputAudio:
         if fmt == "audio/pcm":
             return pcm16_to_float(data)
         return self._g711_in.process(g711_to_float(data, G711_LAWS[fmt]))
+
+    def g711_state(self) -> ResamplerState | None:
+        """Where the G.711 upsampler stands; None while no G.711 audio has come in."""
+        return self._g711_in.state() if self._g711_in.fed else None
+
+    def resume_g711(self, state: ResamplerState) -> None:
+        self._g711_in = FirResampler.resume(8000, RATE, state)
 
     def receive(self, out: list, pcm: np.ndarray) -> None:
         """Float32 on the session clock, from an append or a media track."""

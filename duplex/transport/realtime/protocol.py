@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from duplex.engine.thinker_text import Piece
+from duplex.media.fir import InputResamplers
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
@@ -337,6 +338,15 @@ class RealtimeProtocol:
         """The conversation as heard at clock sample `now`, and the session's settings: what a
         resume (on any node) continues from."""
         return resume.snapshot(self.conversation, self.settings, self.core, self.pacer, now)
+
+    def input_state(self) -> InputResamplers:
+        """Where the input path's resamplers stand, for a resume to go on from."""
+        return InputResamplers(self.clock.input_state(), self.input.g711_state())
+
+    def resume_input(self, state: InputResamplers) -> None:
+        self.clock.resume_input(state.model)
+        if state.g711 is not None:
+            self.input.resume_g711(state.g711)
 
     def heard(self, core_id: int, now: int) -> int | None:
         """Samples of reply `core_id` heard at clock sample `now`; None when all of it was."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from duplex.access.limits import Quota
+from duplex.access.limits import Place, Quota
 from duplex.engine.client import EngineClient
 from duplex.engine.scheduler import ReplyTokens, ResponseFinished, ResponseTimings
 from duplex.media.image import decode_image
@@ -100,7 +100,7 @@ class RealtimeSession(SessionLoop):
                  registry: SessionRegistry | None = None, heartbeat_s: float = 2.0,
                  quota: Quota | None = None, metrics: Metrics | None = None,
                  duplex_events: bool = False, transcriber: Transcriber | None = None,
-                 duplex_default: bool = False) -> None:
+                 duplex_default: bool = False, place: Place | None = None) -> None:
         # This connection's name in the engine and hub; a resume changes only the protocol's
         # (the registry's) id, so the same session resumed on this node never collides.
         session_id = session_id or "sess_" + secrets.token_hex(8)
@@ -129,6 +129,8 @@ class RealtimeSession(SessionLoop):
         self.quota = quota
         self.metrics = metrics
         self.transcriber = transcriber
+        self.place = place
+        """This connection's seat in the session limits; a resume moves it onto the session's."""
         self._response_started: float | None = None
         self._onset: int | None = None
         self.keeper = None
@@ -152,7 +154,7 @@ class RealtimeSession(SessionLoop):
         now = self.now_sample()
         items, config = self.protocol.snapshot(now)
         context = StoredContext() if self.context is None else self.context.to_record(
-            lambda core_id: self.protocol.heard(core_id, now), self.protocol.clock.input_state())
+            lambda core_id: self.protocol.heard(core_id, now), self.protocol.input_state())
         return items, config, context
 
     def feed_audio(self, pcm) -> None:
@@ -184,7 +186,7 @@ class RealtimeSession(SessionLoop):
         engine.park(engine_id)
         live.park(self.protocol.session_id, Parked(engine_id, self.keeper.lease.epoch, epoch,
                                                    lambda: engine.close(engine_id),
-                                                   self.protocol.clock.input_state()))
+                                                   self.protocol.input_state()))
 
     async def ended(self) -> None:
         if self.keeper is not None:
@@ -348,6 +350,8 @@ class RealtimeSession(SessionLoop):
         except ResumeError as exc:
             return self.protocol.refuse(exc.code, str(exc), "session_id")
         await self.keeper.switch(lease)
+        if self.place is not None:
+            await self.place.move_to(record.id)
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
         rebuilt = None
@@ -360,13 +364,13 @@ class RealtimeSession(SessionLoop):
             self.context = context
             rebuilt = (context.summary(kept_live=True) if context is not None
                        else Rebuilt(0, 0.0, 0, kept_live=True)).wire()
-            if parked.resampler is not None:
-                self.protocol.clock.resume_input(parked.resampler)
+            if parked.resamplers is not None:
+                self.protocol.resume_input(parked.resamplers)
         elif self.context is not None:
             self.context = self._new_context(record.context)
             rebuilt = self._rebuild(self.context).wire()
-            if self.context.resampler is not None:
-                self.protocol.clock.resume_input(self.context.resampler)
+            if self.context.resamplers is not None:
+                self.protocol.resume_input(self.context.resamplers)
         log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
                  record.id, lease.epoch, self.session_id, rebuilt)
         return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt)

@@ -37,7 +37,7 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
         session = RealtimeSession(engine_getter(), vad_getter(), limits, model_name, ws.send_text,
                                   beta=beta, registry=registry, heartbeat_s=heartbeat_s,
                                   quota=state.get("quota"), metrics=metrics,
-                                  session_id=principal.session_id if principal else None,
+                                  session_id=state.get("session_id"), place=state.get("place"),
                                   duplex_events=duplex_events,
                                   transcriber=transcriber_getter(),
                                   duplex_default=duplex_default)

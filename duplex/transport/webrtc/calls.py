@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from duplex.access.errors import error_response
-from duplex.access.limits import OverLimit, Seat
+from duplex.access.limits import OverLimit, Place
 from duplex.engine import AdmissionRefused
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime.session import RealtimeSession
@@ -166,11 +166,11 @@ class CallRegistry:
                           "session")
         return sdp, session_config
 
-    def _leave(self, seat: Seat | None) -> None:
+    def _leave(self, seat: Place | None) -> None:
         if seat is not None:
             self.admission.leave(seat)
 
-    async def _create(self, sdp: str, session_config, quota, seat: Seat | None,
+    async def _create(self, sdp: str, session_config, quota, seat: Place | None,
                       duplex_events: bool) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
         pc = PeerConnection(self._configuration())
@@ -247,7 +247,7 @@ class CallRegistry:
             headers={"Location": f"/v1/realtime/calls/{call_id}"},
         )
 
-    async def _serve(self, call: Call, seat: Seat | None) -> None:
+    async def _serve(self, call: Call, seat: Place | None) -> None:
         try:
             await call.session.run()
         finally:
