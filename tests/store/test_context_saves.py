@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from duplex.bench.synth import babble
-from duplex.media.fir import FirResampler
+from duplex.media.fir import FirResampler, InputResamplers
 from duplex.store import MemoryStore, SessionRegistry
 from duplex.store.context import AudioSpan, ContextRecord, ReplySpan, TextSpan, quantize
 from duplex.store.keeper import SessionKeeper
@@ -57,7 +57,8 @@ class Call:
         self.steps = 0
 
     def snapshot(self):
-        return [], {}, self.record.to_record(lambda core_id: None, self.resampler.state())
+        return [], {}, self.record.to_record(lambda core_id: None,
+                                              InputResamplers(self.resampler.state(), None))
 
     def step(self) -> None:
         self.steps += 1
@@ -134,8 +135,9 @@ async def test_a_long_call_resumes_exactly_elsewhere_and_leaves_nothing_after_re
     # The newest audio turn comes back as the very samples the model heard.
     assert expected[-1] == ("audio", np.round(call.pushed[-1] * 32767).astype("<i2").tobytes())
     state = call.resampler.state()
-    assert context.left_out > 0 and (context.resampler.fed, context.resampler.emitted) == (
-        state.fed, state.emitted) and np.array_equal(context.resampler.tail, state.tail)
+    model = context.resamplers.model
+    assert context.left_out > 0 and (model.fed, model.emitted) == (
+        state.fed, state.emitted) and np.array_equal(model.tail, state.tail)
 
     # Node A lost it: its next save (and any part in it) is refused.
     call.step()
