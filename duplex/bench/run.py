@@ -72,18 +72,26 @@ class ScriptedClient:
             for k, turn_s in enumerate(script.turn_s)
         ]
 
+    def _onset(self, now: float) -> float | None:
+        """The onset a speech decision at `now` answers: the latest one sent by then. Earlier
+        ones still waiting got no decision of their own (a turn that ran into the one before
+        it is one stretch of speech) and are dropped, not paired with a later decision."""
+        past = [t for t in self.speech_onsets if t <= now]
+        self.speech_onsets = [t for t in self.speech_onsets if t > now]
+        return past[-1] if past else None
+
     async def on_event(self, text: str) -> None:
         now = time.monotonic()
         event = json.loads(text)
         kind = event["type"]
-        if kind == "input_audio_buffer.speech_started" and self.speech_onsets:
-            self.rec.vad_detect_ms.append((now - self.speech_onsets.pop(0)) * 1000)
+        if kind == "input_audio_buffer.speech_started" and (onset := self._onset(now)):
+            self.rec.vad_detect_ms.append((now - onset) * 1000)
             if self.response_id is not None:
                 self.barge_decision.setdefault(self.response_id, now)
         elif kind == "duplex.output.paused":
             # Over a reply the pause is the decision; speech_started waits for min_interruption.
-            if self.speech_onsets:
-                ms = (now - self.speech_onsets.pop(0)) * 1000
+            if onset := self._onset(now):
+                ms = (now - onset) * 1000
                 self.rec.vad_detect_ms.append(ms)
                 self.rec.pause_ms.append(ms)
             if self.response_id is not None:
