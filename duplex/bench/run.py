@@ -60,6 +60,8 @@ class ScriptedClient:
         self.speech_end: float | None = None
         self.awaiting_first_audio = False
         self.reply_start: float | None = None
+        self.first_audio_at: float | None = None
+        """When the reply now under way was first heard (reply_start moves on by its pauses)."""
         self.paused_at: float | None = None
         self.reply_audio_s = 0.0
         self.response_id: str | None = None
@@ -93,7 +95,10 @@ class ScriptedClient:
             if onset := self._onset(now):
                 ms = (now - onset) * 1000
                 self.rec.vad_detect_ms.append(ms)
-                self.rec.pause_ms.append(ms)
+                # Speech that began before the reply was heard pauses it as it starts: that
+                # wait is the reply's, not the detector's.
+                if self.first_audio_at is not None and onset >= self.first_audio_at:
+                    self.rec.pause_ms.append(ms)
             if self.response_id is not None:
                 self.barge_decision[self.response_id] = now
             self.paused_at = now
@@ -105,7 +110,7 @@ class ScriptedClient:
             self.paused_at = None
         elif kind == "response.created":
             self.response_id = event["response"]["id"]
-            self.reply_start = None
+            self.reply_start = self.first_audio_at = None
             self.reply_audio_s = 0.0
             self.responses_done.clear()
         elif kind == "response.output_audio.delta":
@@ -113,7 +118,7 @@ class ScriptedClient:
             self.last_delta_at[rid] = now
             seconds = len(base64.b64decode(event["delta"])) / 2 / RATE
             if self.reply_start is None:
-                self.reply_start = now
+                self.reply_start = self.first_audio_at = now
                 if self.awaiting_first_audio and self.speech_end is not None:
                     self.rec.ttfa_ms.append((now - self.speech_end) * 1000)
                 self.awaiting_first_audio = False
