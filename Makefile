@@ -38,7 +38,7 @@ serve: $(VENV)/.runtime
 	$(VENV)/bin/duplex serve
 
 test: $(VENV)/.test system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The inner loop: everything but the tests marked slow (real servers, browsers, clients).
 test-fast: $(VENV)/.test system-deps
