@@ -2,17 +2,16 @@
 writes what is new, not the whole context; the registry holds only what the index names; a
 resume on another node rebuilds it exactly; and a session past its retention leaves nothing."""
 
-import time
 
 import numpy as np
-import pytest
 
 from duplex.bench.synth import babble
 from duplex.media.fir import FirResampler, InputResamplers
-from duplex.store import MemoryStore, SessionRegistry
+from duplex.store import SessionRegistry
 from duplex.store.context import AudioSpan, ContextRecord, ReplySpan, TextSpan, quantize
 from duplex.store.keeper import SessionKeeper
 from duplex.store.redis_store import RedisStore
+from tests.store.conftest import FakeClock
 from tests.waiting import eventually
 
 RATE = 24000
@@ -20,24 +19,6 @@ IN_RATE = 16000
 STEP = IN_RATE // 2
 """Audio pushed between two saves: half a second."""
 CAP = 1_000_000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request):
-    if request.param == "memory":
-        s = MemoryStore(tombstone_s=0.3, clock=FakeClock())
-    else:
-        s = RedisStore(request.getfixturevalue("redis_server").url, tombstone_s=0.3)
-    yield s
-    await s.close()
 
 
 class Call:

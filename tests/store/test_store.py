@@ -8,7 +8,6 @@ import pytest
 from duplex.store import (
     EphemeralKey,
     Fenced,
-    MemoryStore,
     ResumeError,
     SessionNotFound,
     SessionRecord,
@@ -18,27 +17,8 @@ from duplex.store import (
     hash_secret,
 )
 from duplex.store.redis_store import RedisStore
+from tests.store.conftest import FakeClock
 from tests.waiting import eventually
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request):
-    if request.param == "memory":
-        s = MemoryStore(tombstone_s=0.4, clock=FakeClock())
-    else:
-        # Redis expires keys on its own clock, the real one.
-        redis = request.getfixturevalue("redis_server")
-        s = RedisStore(redis.url, tombstone_s=0.4)
-    yield s
-    await s.close()
 
 
 async def after(store, seconds: float, holds) -> None:
