@@ -60,8 +60,11 @@ _INPUT_DTYPES = {Kind.PCM_IN: "float32", Kind.FRAME_IN: "uint8"}
 
 class EngineCore:
     def __init__(self, model: DuplexModel, config: EngineConfig,
-                 emit: Callable[[m.Output], None]) -> None:
+                 emit: Callable[[m.Output], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the engine's time (due frames, waits, costs), injectable for tests."""
         self.model = model
+        self.clock = clock
         self.config = config
         self.emit = emit
         base = config.scheduler or SchedulerConfig()
@@ -77,7 +80,7 @@ class EngineCore:
         self._stopping = threading.Event()
         self._last_report = 0.0
         self.lockstep = (
-            Lockstep(model, config.duplex_max_lag_ms, self.stats, config.batching)
+            Lockstep(model, config.duplex_max_lag_ms, self.stats, config.batching, clock)
             if model.duplex_delay_frames else None
         )
 
@@ -115,12 +118,12 @@ class EngineCore:
                 self._free(sid)
 
     def _loop(self) -> None:
-        window_start = time.monotonic()
+        window_start = self.clock()
         window_busy = 0.0
         while not self._stopping.is_set():
             idle = not any(sq.response for sq in self.scheduler.sessions.values())
             self._apply_requests(block_s=self._duplex_wait(0.05 if idle else 0.002))
-            start, cpu_start = time.monotonic(), time.thread_time()
+            start, cpu_start = self.clock(), time.thread_time()
             plan = self.scheduler.schedule(start)
             if not plan.empty:
                 try:
@@ -130,13 +133,13 @@ class EngineCore:
                     self._fail(plan, f"{type(exc).__name__}: {exc}")
                 # The CPU interval lies within the wall one, so the share never passes 1.
                 cpu = time.thread_time() - cpu_start
-                busy = time.monotonic() - start
+                busy = self.clock() - start
                 window_busy += busy
                 self.stats.busy_s += busy
                 self.stats.busy_cpu_s += cpu
                 self.stats.steps += 1
             window_busy += self._duplex_tick()
-            now = time.monotonic()
+            now = self.clock()
             if now - window_start >= 1.0:
                 self.load = 0.5 * self.load + 0.5 * window_busy / (now - window_start)
                 window_start, window_busy = now, 0.0
@@ -151,7 +154,7 @@ class EngineCore:
             self._close(m.CloseSession(sid))
 
     def _report(self, alive: bool = True) -> None:
-        self._last_report = time.monotonic()
+        self._last_report = self.clock()
         drops, self.scheduler.drops = self.scheduler.drops, []
         lockstep = self.lockstep
         if lockstep is not None:
@@ -209,15 +212,15 @@ class EngineCore:
 
     def _push_audio(self, r: m.PushAudio) -> None:
         if self.lockstep is not None and r.session_id in self.lockstep.slots:
-            self.lockstep.push(r.session_id, r.pcm, time.monotonic())
+            self.lockstep.push(r.session_id, r.pcm, self.clock())
             return
-        self.scheduler.push_input(r.session_id, r.pcm, time.monotonic(), self.version)
+        self.scheduler.push_input(r.session_id, r.pcm, self.clock(), self.version)
 
     def _push_frame(self, r: m.PushFrame) -> None:
-        self.scheduler.push_frame(r.session_id, r.frame, time.monotonic(), self.version)
+        self.scheduler.push_frame(r.session_id, r.frame, self.clock(), self.version)
 
     def _push_text(self, r: m.PushText) -> None:
-        self.scheduler.push_text(r.session_id, r.turn, time.monotonic(), self.version)
+        self.scheduler.push_text(r.session_id, r.turn, self.clock(), self.version)
 
     def _instruct(self, r: m.Instruct) -> None:
         self.model.instruct(self._states[r.session_id], r.instructions, r.tools)
@@ -253,13 +256,13 @@ class EngineCore:
     def _duplex_wait(self, block_s: float) -> float:
         """How long to wait for requests: no later than the next duplex frame is due."""
         due = self.lockstep.next_due() if self.lockstep is not None else None
-        return block_s if due is None else max(0.0, min(block_s, due - time.monotonic()))
+        return block_s if due is None else max(0.0, min(block_s, due - self.clock()))
 
     def _duplex_tick(self) -> float:
         """Step the due duplex sessions; the seconds it took."""
         if self.lockstep is None:
             return 0.0
-        start = time.monotonic()
+        start = self.clock()
         try:
             events = self.lockstep.step(self._states, start)
         except Exception as exc:
@@ -267,10 +270,10 @@ class EngineCore:
             for sid in list(self.lockstep.slots):
                 self.emit(SessionFailed(sid, f"{type(exc).__name__}: {exc}"))
                 self._close(m.CloseSession(sid))
-            return time.monotonic() - start
+            return self.clock() - start
         if events:
             self.emit(m.StepEvents(tuple(events)))
-        return time.monotonic() - start if events else 0.0
+        return self.clock() - start if events else 0.0
 
     def _barrier(self, r: m.Barrier) -> None:
         self._report()
@@ -304,12 +307,12 @@ class EngineCore:
             groups = [batch.entries] if self.config.batching else [(e,) for e in batch.entries]
             out: list[Any] = []
             for entries in groups:
-                t0 = time.monotonic()
+                t0 = self.clock()
                 out += self._call(batch.stage, entries)
-                st.compute_ms.append((time.monotonic() - t0) * 1000)
+                st.compute_ms.append((self.clock() - t0) * 1000)
                 st.batch_sizes.append(len(entries))
             results.put(batch.stage, out)
-        events = self.scheduler.update(plan, results, time.monotonic(), self.version)
+        events = self.scheduler.update(plan, results, self.clock(), self.version)
         if events:
             self.emit(m.StepEvents(tuple(events)))
 

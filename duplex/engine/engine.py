@@ -5,6 +5,9 @@ this one is what tests, the per-session baseline and `engine.process = false` us
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from duplex.engine import messages as m
 from duplex.engine.client import EngineClient, ModelInfo
 from duplex.engine.core import EngineConfig, EngineCore
@@ -28,10 +31,11 @@ def set_torch_threads(requested: int) -> int:
 
 
 class Engine(EngineClient):
-    def __init__(self, model: DuplexModel, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: DuplexModel, config: EngineConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(config or EngineConfig())
         self.model = ModelInfo.of(model)
-        self._core = EngineCore(model, self.config, self._on_output)
+        self._core = EngineCore(model, self.config, self._on_output, clock)
 
     def _submit(self, request: m.Request) -> None:
         self._core.submit(request)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,8 +98,9 @@ class TickCost:
 
 class Lockstep:
     def __init__(self, model: DuplexModel, max_lag_ms: int, stats: EngineStats,
-                 batching: bool = True) -> None:
+                 batching: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
+        self.clock = clock
         self.frame = model.input_chunk_samples
         self.frame_s = self.frame / model.input_rate
         self.max_lag_s = max_lag_ms / 1000
@@ -178,13 +180,13 @@ class Lockstep:
             ready.append((slot, slot.frames.popleft()))
         if not ready:
             return events
-        t0 = time.monotonic()
+        t0 = self.clock()
         groups = [ready] if self.batching else [[pair] for pair in ready]
         outs = []
         for group in groups:
             outs += self.model.duplex_step([states[s.session_id] for s, _ in group],
                                            [f.pcm for _, f in group], self._timer)
-        done = time.monotonic()
+        done = self.clock()
         self._measure((done - t0) * 1000, len(ready))
         ratio = self.model.output_rate / self.model.input_rate
         for (slot, frame), out in zip(ready, outs, strict=True):
@@ -204,10 +206,10 @@ class Lockstep:
 
     @contextmanager
     def _timer(self, stage: str, batch_size: int):
-        t0 = time.monotonic()
+        t0 = self.clock()
         yield
         st = self.stats.stages[f"duplex_{stage}"]
-        st.compute_ms.append((time.monotonic() - t0) * 1000)
+        st.compute_ms.append((self.clock() - t0) * 1000)
         st.batch_sizes.append(batch_size)
 
     def cost(self) -> TickCost | None:

@@ -147,8 +147,11 @@ class EchoGuard:
             return mic
         echo = self._echo_present(mic, ref)
         if self._apm is None and not (echo or self.strength.noise_suppression):
-            self._recent_mic = np.concatenate([self._recent_mic, mic])[-_CATCH_UP:]
-            self._recent_ref = np.concatenate([self._recent_ref, ref])[-_CATCH_UP:]
+            # Whole chunks, dropped from the front: no second of audio copied per chunk.
+            self._recent.append((mic, ref))
+            self._recent_samples += len(mic)
+            while self._recent_samples - len(self._recent[0][0]) >= _CATCH_UP:
+                self._recent_samples -= len(self._recent.popleft()[0])
             return mic
         cleaned = self._cancel(mic, ref)
         if echo:
@@ -167,10 +170,12 @@ class EchoGuard:
             self._apm = rtc.AudioProcessingModule(
                 echo_cancellation=True, noise_suppression=s.noise_suppression,
                 high_pass_filter=s.noise_suppression)
-            recent = len(self._recent_mic) // FRAME * FRAME
-            if recent:
-                self._cancel(self._recent_mic[-recent:], self._recent_ref[-recent:])
-            self._recent_mic = self._recent_ref = np.zeros(0, np.float32)
+            if self._recent:
+                # Chunks are whole canceller frames (clean() cuts them so).
+                self._cancel(np.concatenate([m for m, _ in self._recent]),
+                             np.concatenate([r for _, r in self._recent]))
+            self._recent.clear()
+            self._recent_samples = 0
         out = np.empty_like(mic)
         for i in range(0, len(mic), FRAME):
             self._apm.process_reverse_stream(_frame(ref[i : i + FRAME]))
@@ -183,8 +188,10 @@ class EchoGuard:
         # Silence, not nothing: every delay can be tried from the first frame on.
         self._mic_hist = np.zeros(_WINDOW, np.float32)
         self._ref_hist = np.zeros(_WINDOW + _MAX_DELAY, np.float32)
-        self._recent_mic = self._recent_ref = np.zeros(0, np.float32)
-        """The last `_CATCH_UP` samples at the detector's rate, while no canceller runs."""
+        self._recent: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        """(microphone, reference) chunks at the detector's rate, the last `_CATCH_UP` samples
+        or a little more, while no canceller runs."""
+        self._recent_samples = 0
 
     def _echo_present(self, mic: np.ndarray, ref: np.ndarray) -> bool:
         """Whether the latest microphone audio correlates with audio played up to

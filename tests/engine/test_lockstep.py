@@ -104,22 +104,35 @@ def test_cancel_fences_output_and_the_model_keeps_listening(echo_engine):
     assert np.array_equal(outs[4].pcm, sent[3]) and np.array_equal(outs[7].pcm, sent[6])
 
 
-class SlowEcho(EchoModel):
-    """Echo whose duplex step costs more than a frame once `slow` is set."""
+class SlowClock:
+    """The engine's clock: real time, plus a slow model's extra time per step. The model seems
+    to take that long without the test sleeping through it."""
 
     def __init__(self):
+        self.extra_s = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.extra_s
+
+
+class SlowEcho(EchoModel):
+    """Echo whose duplex step costs more than a frame on `clock` once `slow` is set."""
+
+    def __init__(self, clock: SlowClock):
         super().__init__(duplex_lag_frames=1)
+        self.clock = clock
         self.slow = threading.Event()
 
     def duplex_step(self, states, frames, timer=None):
         if self.slow.is_set():
-            time.sleep(0.15)
+            self.clock.extra_s += 0.15
         return super().duplex_step(states, frames)
 
 
 def test_falling_behind_drops_and_resyncs_and_admission_refuses_more():
-    model = SlowEcho()
-    eng = Engine(model, EngineConfig(max_sessions=8, duplex_max_lag_ms=300))
+    clock = SlowClock()
+    model = SlowEcho(clock)
+    eng = Engine(model, EngineConfig(max_sessions=8, duplex_max_lag_ms=300), clock)
     eng.start()
     try:
         got = Collector()
@@ -129,10 +142,10 @@ def test_falling_behind_drops_and_resyncs_and_admission_refuses_more():
         eng.open("t", Collector())
         model.slow.set()
         sent = frames(5, 40)
-        start = time.monotonic()
+        start = clock()
         for k, pcm in enumerate(sent):
             # The client sends at real time (80 ms a frame); the model takes 150 ms a frame.
-            time.sleep(max(0.0, start + k * 0.08 - time.monotonic()))
+            until(lambda k=k: clock() >= start + k * 0.08, f"frame {k} due", 30.0)
             eng.push_audio("s", pcm)
         until(lambda: got.out() and got.out()[-1].index == 39, "the last frame answered")
         outs = got.out()

@@ -6,17 +6,14 @@ it still speaks, and nothing interrupts.
 """
 
 import asyncio
-import base64
-import json
+import time
 
 import numpy as np
 import pytest
 import websockets
 
-from tests.transport.test_twilio_call import FRAME, RATE, SID, decoded, mulaw
+from tests.transport.test_twilio_call import FRAME, RATE, SID, Peer, decoded
 from tests.waiting import eventually
-
-FRAME_S = FRAME / RATE
 
 
 @pytest.mark.slow
@@ -28,47 +25,30 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
     t = np.arange(RATE * 4 // 5) / RATE
     tone = 0.5 * np.sin(2 * np.pi * 440 * t)
     caller = np.concatenate([np.zeros(RATE * 2 // 5), tone, np.zeros(RATE * 4 // 5)])
-    received: list[bytes] = []
-    arrived: list[float] = []
-    sent_at: list[float] = []
     async with websockets.connect(server.url.replace("http", "ws") + "/telephony/twilio",
                                   compression=None) as ws:
-        seq = 0
-
-        async def send(message: dict) -> None:
-            nonlocal seq
-            seq += 1
-            await ws.send(json.dumps({"sequenceNumber": str(seq), "streamSid": SID, **message}))
-
-        async def read() -> None:
-            async for raw in ws:
-                message = json.loads(raw)
-                if message["event"] == "media":
-                    received.append(base64.b64decode(message["media"]["payload"]))
-                    arrived.append(asyncio.get_running_loop().time())
-                elif message["event"] == "mark":
-                    # Played at once: the watermark follows the reply.
-                    await send({"event": "mark", "mark": message["mark"]})
-
-        reader = asyncio.create_task(read())
-        await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-        await send({"event": "start", "start": {
+        peer = Peer(ws)
+        tasks = [asyncio.create_task(peer.writer()), asyncio.create_task(peer.reader())]
+        peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        peer.put({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
             "streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
             "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw",
                                                     "sampleRate": 8000, "channels": 1}}})
-        start = asyncio.get_running_loop().time()
-        for k in range(len(caller) // FRAME):
-            await asyncio.sleep(max(0.0, start + k * FRAME_S - asyncio.get_running_loop().time()))
-            sent_at.append(asyncio.get_running_loop().time())
-            await send({"event": "media", "media": {
-                "track": "inbound", "chunk": str(k + 1), "timestamp": str(k * 20),
-                "payload": base64.b64encode(mulaw(caller[k * FRAME : (k + 1) * FRAME])).decode()}})
+        peer.seq = 1
+        peer.next_frame_at = time.time()
+        await peer.speak(caller)
         # The call's audio has come back before it is stopped, but the model's last frames: they
         # wait for input that never comes.
-        await eventually(lambda: sum(map(len, received)) >= len(caller) - 3 * 1920 // 3,
+        await eventually(lambda: len(peer.media_in) * FRAME >= len(caller) - 3 * 1920 // 3,
                          "the caller's audio comes back", 10.0)
-        await send({"event": "stop", "stop": {"accountSid": "AC0", "callSid": "CA0"}})
-        await asyncio.wait_for(reader, 10)
+        peer.put({"event": "stop", "streamSid": SID,
+                  "stop": {"accountSid": "AC0", "callSid": "CA0"}})
+        await asyncio.wait_for(tasks[1], 10)
+        peer.outq.put_nowait(None)
+        await tasks[0]
+        for task in peer.echoes.values():
+            task.cancel()
+    received = [payload for _, payload in peer.media_in]
     heard = decoded(b"".join(received))
     # Silence went out too: the caller got (nearly) a whole call's worth of audio, not just
     # the tone. The last frame or two can still be on their way when the call stops.
@@ -82,8 +62,8 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
     assert np.abs(heard[: said[0] - 16]).max() < 0.01
     # In time, the tone's first frame comes back after the model frame holding it is complete
     # (the next three 20 ms frames sent) and well within half a second.
-    first_sent = sent_at[said[0] // FRAME]
-    first_back = arrived[loud[0] // FRAME]
+    first_sent = peer.taken[said[0] // FRAME][1]
+    first_back = peer.media_in[loud[0] // FRAME][0]
     assert 0.06 <= first_back - first_sent < 0.5, first_back - first_sent
 
 
