@@ -1,11 +1,11 @@
-"""When the bench's sessions start, how long their turns are, and how long they pause.
+"""When the bench's sessions start, what each turn says, and how long they pause.
 
-`herd` is the worst case: every session starts within the first second with a turn of 1-2 s, so
-at the largest real-time count nearly all of them reply at once. `poisson` spreads the starts as
-a Poisson process over the first half of the run, takes each turn's length from the project's
-speech fixtures, pauses a random while after each reply, and barges in on half the replies, at
-random: the load of callers who come and talk at their own pace. Both are drawn from `seed`, so
-a run can be repeated.
+Every turn says one of the bench's recordings (duplex.bench.speech), from its onset. `herd` is
+the worst case: every session starts within the first second and says the first 1-2 s of a
+recording, so at the largest real-time count nearly all of them reply at once. `poisson` spreads
+the starts as a Poisson process over the first half of the run, says whole recordings, pauses a
+random while after each reply, and barges in on half the replies, at random: the load of callers
+who come and talk at their own pace. Both are drawn from `seed`, so a run can be repeated.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-FIXTURE_TURN_S = (1.92, 2.61, 2.34, 2.24, 2.43, 2.38, 2.57, 2.26)
-"""Seconds of each utterance of the speech fixtures (tests/transcription/fixtures.py: eight
-requests to a voice assistant, spoken by espeak-ng at 150 words a minute)."""
+from duplex.bench.speech import lengths_s
 
 ARRIVALS = ("herd", "poisson")
 MEAN_PAUSE_S = 1.0
@@ -28,7 +26,10 @@ class Script:
     """One session's plan: when it starts (seconds after the run's start), and per turn."""
 
     start_s: float
+    utterance: tuple[int, ...]
+    """Which recording each turn says (an index into duplex.bench.speech.TEXTS)."""
     turn_s: tuple[float, ...]
+    """How much of it: its first seconds."""
     barge_in: tuple[bool, ...]
     """Whether the caller talks over the reply to that turn."""
     pause_s: tuple[float, ...]
@@ -52,18 +53,22 @@ def scripts(arrivals: str, n: int, duration_s: float, seed: int = 0) -> list[Scr
 
 def _herd(rng: random.Random, turns: int) -> Script:
     start = rng.uniform(0, 1.0)
+    said = tuple(rng.randrange(len(lengths_s())) for _ in range(turns))
     return Script(
         start,
-        tuple(rng.uniform(1.0, 2.0) for _ in range(turns)),
+        said,
+        tuple(min(rng.uniform(1.0, 2.0), lengths_s()[u]) for u in said),
         tuple(k % 2 == 1 for k in range(turns)),
         (HERD_PAUSE_S,) * turns,
     )
 
 
 def _poisson(rng: random.Random, start: float, turns: int) -> Script:
+    said = tuple(rng.randrange(len(lengths_s())) for _ in range(turns))
     return Script(
         start,
-        tuple(rng.choice(FIXTURE_TURN_S) for _ in range(turns)),
+        said,
+        tuple(lengths_s()[u] for u in said),
         tuple(rng.random() < 0.5 for _ in range(turns)),
         tuple(rng.expovariate(1 / MEAN_PAUSE_S) for _ in range(turns)),
     )

@@ -1,5 +1,5 @@
-"""Paced synthetic sessions in-process: the same Realtime session loop, engine and VAD as the
-server, driven by scripted clients that speak, wait, and talk over replies.
+"""Paced sessions in-process: the same Realtime session loop, engine and VAD as the server, driven
+by scripted clients that say recorded requests (duplex.bench.speech), wait, and talk over replies.
 
 Each client streams 20 ms frames at real time. Its script alternates a plain turn (speak, then
 listen to the whole reply) with a barge-in turn (speak again shortly after the reply starts).
@@ -21,7 +21,7 @@ import numpy as np
 from duplex.bench import ceiling
 from duplex.bench.arrivals import Script, scripts
 from duplex.bench.codec import stream_vs_offline
-from duplex.bench.synth import babble
+from duplex.bench.speech import utterances
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.engine import resolve_torch_threads
 from duplex.engine.stats import percentiles
@@ -70,8 +70,8 @@ class ScriptedClient:
         self.responses_done = asyncio.Event()
         # Encoded before the clock starts: a remote caller's own work is not the server's.
         self.turns = [
-            _append_events(babble(int(RATE * turn_s), seed=index * 1000 + k))
-            for k, turn_s in enumerate(script.turn_s)
+            _append_events(utterances(RATE)[said][: round(RATE * turn_s)])
+            for said, turn_s in zip(script.utterance, script.turn_s, strict=True)
         ]
 
     def _onset(self, now: float) -> float | None:

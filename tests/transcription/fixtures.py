@@ -1,15 +1,14 @@
 """Test material made on the spot: English utterances spoken by espeak-ng, and a tiny
 random-weight Whisper checkpoint with a tokenizer built from nothing but its alphabet.
 
-Nothing binary is committed. `python -m tests.transcription.fixtures DIR` writes the
-utterances as WAV files with their texts in DIR/texts.tsv, to listen to them.
+The texts are those the bench's callers say (duplex.bench.speech); the tests speak them afresh,
+lead-in silence and all, and commit nothing binary. `python -m tests.transcription.fixtures DIR`
+writes the utterances as WAV files with their texts in DIR/texts.tsv, to listen to them.
 """
 
 from __future__ import annotations
 
-import io
 import shutil
-import subprocess
 import sys
 import wave
 from dataclasses import dataclass
@@ -18,20 +17,9 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-RATE = 16000
+from duplex.bench.speech import TEXTS, VOICE, WORDS_PER_MINUTE, espeak
 
-# Requests a voice assistant hears. No digits: Whisper writes numbers as figures, and the
-# WER here measures recognition, not number formatting.
-TEXTS = (
-    "the weather is nice today",
-    "please book a table for dinner tonight",
-    "what time does the train leave",
-    "turn off the lights in the kitchen",
-    "i would like to speak to a doctor",
-    "can you help me find my phone",
-    "the meeting has been moved to friday",
-    "send the report to my manager",
-)
+RATE = 16000
 
 
 @dataclass(frozen=True)
@@ -46,16 +34,9 @@ def have_espeak() -> bool:
     return shutil.which("espeak-ng") is not None
 
 
-def speak(text: str, voice: str = "en-us", words_per_minute: int = 150) -> np.ndarray:
+def speak(text: str, voice: str = VOICE, words_per_minute: int = WORDS_PER_MINUTE) -> np.ndarray:
     """espeak-ng's speech for `text`, as 16 kHz float32 mono."""
-    wav = subprocess.run(
-        ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "--stdout", text],
-        capture_output=True,
-        check=True,
-    ).stdout
-    with wave.open(io.BytesIO(wav)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    pcm, rate = espeak(text, voice, words_per_minute)
     return soxr.resample(pcm, rate, RATE).astype(np.float32)
 
 
