@@ -395,15 +395,18 @@ def table(report: dict) -> str:
     def pq(d):
         return "-" if d["p50"] is None else f"{d['p50']:.0f} / {d['p95']:.0f}"
 
+    def pqn(d):
+        return "-" if d["p50"] is None else f"{pq(d)} ({d['n']})"
+
     row("sessions", lambda m: str(m["sessions"]))
     row("max realtime sessions", lambda m: str(m.get("max_realtime_sessions", "-")))
     row("realtime", lambda m: str(m["realtime"]))
     row("underruns", lambda m: str(m["underruns"]))
     row("input lag ms p50/p95", lambda m: pq(m["input_lag_ms"]))
-    row("ttfa ms p50/p95", lambda m: pq(m["ttfa_ms"]))
-    row("barge-in ms p50/p95", lambda m: pq(m["barge_in_ms"]))
-    row("vad detect ms p50/p95", lambda m: pq(m["vad_detect_ms"]))
-    row("pause ms p50/p95", lambda m: pq(m["pause_ms"]))
+    row("ttfa ms p50/p95 (n)", lambda m: pqn(m["ttfa_ms"]))
+    row("barge-in ms p50/p95 (n)", lambda m: pqn(m["barge_in_ms"]))
+    row("vad detect ms p50/p95 (n)", lambda m: pqn(m["vad_detect_ms"]))
+    row("pause ms p50/p95 (n)", lambda m: pqn(m["pause_ms"]))
     row("rtf (busy/wall/session)", lambda m: f"{m['rtf']:.4f}")
     row("engine ms / step", lambda m: _num(m["engine_ms_per_step"]))
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
