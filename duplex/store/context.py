@@ -317,9 +317,11 @@ class ContextRecord:
         """A context saved by `to_record` (replies already cut) to go on recording into."""
         record = cls(input_rate, output_rate, session_rate, max_bytes)
         index, parts = stored.index, stored.parts
+        # Even a record this model cannot use keeps its names: the registry holds parts under
+        # them, and a new part must never be taken for one of those.
+        record._named = index.get("named", 0)
         if index.get("rate") != input_rate:
             return record
-        record._named = index["named"]
         if (name := index["head"]) is not None:
             head = json.loads(parts[name])
             record.head = (head["instructions"], tuple(head["tools"]))

@@ -2,7 +2,9 @@
 every heartbeat otherwise. A save refused by fencing means another connection owns the session
 now; an unreachable registry never stops the session. The model's context goes as its index
 and the parts the registry does not hold yet; when the registry says it lacks some (it lost
-the record, or restarted), the next save sends the whole context again.
+the record, or restarted), the next save sends the whole context again. A resumed session
+starts out holding what the record it claimed names, so its first save sends only what
+changed since.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ class SessionKeeper:
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        self._held: tuple[dict[str, Any], frozenset[str]] | None = None
+        self._held: tuple[dict[str, Any] | None, frozenset[str]] | None = None
         """The context index the registry holds from this keeper's last save, and the parts
-        it names; None: send the whole context."""
+        it names; an index None: send the index, the parts are held; None: send the whole
+        context."""
 
     async def start(self) -> None:
         # Saved before the client learns its resume token, so a resume can always find it.
@@ -89,11 +92,17 @@ class SessionKeeper:
                              self.lease.session_id)
                 self.reachable = True
 
-    async def switch(self, lease: Lease) -> None:
-        """Keep `lease` (a resumed session) instead; the fresh session it replaces is dropped."""
+    async def switch(self, lease: Lease, held: StoredContext) -> None:
+        """Keep `lease` (a resumed session) instead; the fresh session it replaces is dropped.
+        `held` is the context the claim found: the registry holds its parts under the lease's
+        session, and the snapshot, rebuilt from it before the next save can run, names them
+        as it does."""
         async with self._lock:
             old, self.lease = self.lease, lease
-            self._held = None
+            # Its index is sent all the same: the connection that lost the session could still
+            # save between the load and the claim, and the first save puts back the one the
+            # rebuilt context goes on from.
+            self._held = (None, frozenset(held.names))
             with contextlib.suppress(StoreUnavailable):
                 await self.registry.forget(old)
         self.touch()

@@ -206,3 +206,16 @@ def test_a_loaded_record_keeps_its_names_and_names_what_comes_after_anew():
     after = loaded.to_record(lambda core_id: None)
     [new] = set(after.parts) - set(stored.parts)
     assert isinstance(loaded.spans[-1], TextSpan) and json.loads(after.parts[new])["text"] == "again"
+
+
+def test_a_record_of_another_input_rate_is_not_rebuilt_but_its_names_are_not_reused():
+    """The registry still holds its parts, and a resumed keeper takes those as held."""
+    record = ContextRecord(16000, RATE, RATE, 1 << 20)
+    record.instruct("be brief", ())
+    record.text("hi", "user")
+    stored = record.to_record(lambda core_id: None)
+    other = ContextRecord.from_record(stored, 24000, RATE, RATE, 1 << 20)
+    assert other.spans == [] and other.head is None
+    other.instruct("be brief", ())
+    other.text("hi again", "user")
+    assert not set(other.to_record(lambda core_id: None).names) & set(stored.names)

@@ -7,7 +7,7 @@ import numpy as np
 
 from duplex.bench.synth import babble
 from duplex.media.fir import FirResampler, InputResamplers
-from duplex.store import SessionRegistry
+from duplex.store import SessionRegistry, StoredContext
 from duplex.store.context import AudioSpan, ContextRecord, ReplySpan, TextSpan, quantize
 from duplex.store.keeper import SessionKeeper
 from duplex.store.redis_store import RedisStore
@@ -55,6 +55,33 @@ class Call:
             self.pushed.append(pcm)
         else:
             self.pushed[-1] = np.concatenate([self.pushed[-1], pcm])
+
+
+class Resuming:
+    """A new connection's session, saved through its keeper until it resumes another."""
+
+    def __init__(self, registry: SessionRegistry) -> None:
+        self.record = ContextRecord(IN_RATE, RATE, RATE, CAP)
+        self.record.instruct("You are terse.", ())
+        self.keeper = SessionKeeper(registry, registry.new_lease("sess_fresh")[0],
+                                    self.snapshot, lambda: None, 1.0)
+
+    def snapshot(self):
+        # A resumed session's input goes on from where the record's resamplers stood.
+        return [], {}, self.record.to_record(lambda core_id: None, self.record.resamplers)
+
+
+def received(store) -> list[tuple[str, StoredContext | None]]:
+    """Each save the store takes from now on: the session and the context sent with it."""
+    sent = []
+    save = store.save
+
+    async def counted(record):
+        sent.append((record.id, record.context))
+        return await save(record)
+
+    store.save = counted
+    return sent
 
 
 def rebuilt(context: ContextRecord):
@@ -110,6 +137,9 @@ async def test_a_long_call_resumes_exactly_elsewhere_and_leaves_nothing_after_re
     expected = rebuilt(ContextRecord.from_record(call.snapshot()[2], IN_RATE, RATE, RATE, CAP))
 
     node_b = SessionRegistry(store, "b", retention, clock=store.clock, context_max_bytes=CAP)
+    # A connection to node B opens a session of its own, then resumes the long one.
+    fresh = Resuming(node_b)
+    await fresh.keeper.start()
     lease, record = await node_b.resume("sess_long", call.token)
     context = ContextRecord.from_record(record.context, IN_RATE, RATE, RATE, CAP)
     assert rebuilt(context) == expected
@@ -127,13 +157,20 @@ async def test_a_long_call_resumes_exactly_elsewhere_and_leaves_nothing_after_re
     again = (await store.load("sess_long")).context
     assert (again.index, again.parts) == (record.context.index, record.context.parts)
 
-    # Node B goes on recording into it; its saves name on from where A stopped.
-    resumed = SessionKeeper(node_b, lease, lambda: ([], {}, context.to_record(
-        lambda core_id: None)), lambda: None, 1.0)
+    # Node B goes on recording into it; its saves name on from where A stopped, and its
+    # first sends only those: the registry already holds what the claim found.
     context.audio(quantize(babble(STEP, IN_RATE, seed=999)))
     context.text("after the resume", "user")
-    await resumed.stop()
+    sent = received(store)
+    await fresh.keeper.switch(lease, record.context)
+    fresh.record = context
+    await fresh.keeper.stop()
     loaded = (await store.load("sess_long")).context
+    assert await store.load("sess_fresh") is None
+    first = next(c for sid, c in sent if sid == "sess_long")
+    assert first.index == loaded.index and set(first.names) == set(loaded.names)
+    assert set(first.parts) == set(loaded.names) - set(record.context.names)
+    assert 0 < sum(map(len, first.parts.values())) < 20_000
     direct = context.to_record(lambda core_id: None)
     assert rebuilt(ContextRecord.from_record(loaded, IN_RATE, RATE, RATE, CAP)) == rebuilt(
         ContextRecord.from_record(direct, IN_RATE, RATE, RATE, CAP))
@@ -150,3 +187,52 @@ async def test_a_long_call_resumes_exactly_elsewhere_and_leaves_nothing_after_re
     await eventually(nothing_left, "the session, its tombstone and its context parts expired",
                      retention + 5)
 
+
+
+async def test_a_resumed_session_sends_its_whole_context_when_the_registry_lost_it(store):
+    call = Call(store, "a", 30.0)
+    await call.keeper.start()
+    for _ in range(24):
+        call.step()
+        await call.keeper.save()
+    node_b = SessionRegistry(store, "b", 30.0, clock=store.clock, context_max_bytes=CAP)
+    fresh = Resuming(node_b)  # saved only when the test says (no heartbeat)
+    lease, record = await node_b.resume("sess_long", call.token)
+    await fresh.keeper.switch(lease, record.context)
+    fresh.record = ContextRecord.from_record(record.context, IN_RATE, RATE, RATE, CAP)
+    await store.delete("sess_long")  # a registry restarted without its data
+
+    sent = received(store)
+    await fresh.keeper.save()
+    await fresh.keeper.save()
+    whole = fresh.record.to_record(lambda core_id: None)
+    assert [set(c.parts) for _, c in sent] == [set(), set(whole.names)]
+    loaded = (await store.load("sess_long")).context
+    assert rebuilt(ContextRecord.from_record(loaded, IN_RATE, RATE, RATE, CAP)) == rebuilt(
+        fresh.record)
+
+
+async def test_a_resume_that_found_an_older_record_puts_its_own_context_back(store):
+    """The losing node saved once more between the resume's load and its claim: the registry
+    holds parts the resumed context never had, which its first save drops."""
+    call = Call(store, "a", 30.0)
+    await call.keeper.start()
+    for _ in range(4):
+        call.step()
+        await call.keeper.save()
+    found = (await store.load("sess_long")).context
+    call.step()
+    call.record.text("heard only on node A", "user")
+    await call.keeper.save()
+    node_b = SessionRegistry(store, "b", 30.0, clock=store.clock, context_max_bytes=CAP)
+    fresh = Resuming(node_b)
+    lease, _ = await node_b.resume("sess_long", call.token)
+    await fresh.keeper.switch(lease, found)
+    fresh.record = ContextRecord.from_record(found, IN_RATE, RATE, RATE, CAP)
+
+    sent = received(store)
+    await fresh.keeper.save()
+    assert [set(c.parts) for _, c in sent] == [set()]
+    loaded = (await store.load("sess_long")).context
+    assert loaded.parts == found.parts and rebuilt(
+        ContextRecord.from_record(loaded, IN_RATE, RATE, RATE, CAP)) == rebuilt(fresh.record)

@@ -5,7 +5,9 @@ same conversation. A resume on the node that kept the dropped connection's engin
 it over with no prefill at all. (What was generated but never heard stays out of the record:
 tests/store/test_context.py.)"""
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -15,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from duplex.media import ulaw_encode
 from duplex.store import StoredContext
@@ -225,12 +228,40 @@ async def g711_saved(redis_url, session_id, turns):
     return np.concatenate(heard_audio(redis_url, session_id))
 
 
+@contextlib.asynccontextmanager
+async def context_writes(redis_url, session_id):
+    """The parts of the session's context written from now on, by name: the fenced save
+    script's HSETs, as redis-server's MONITOR shows them. Complete once the block ends."""
+    key, marker = f"duplex:c:{session_id}", f"written:{session_id}"
+    written: dict[str, int] = {}
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    async with client.monitor() as monitor:
+        async def listen():
+            async for info in monitor.listen():
+                words = info["command"].split(" ", 3)
+                if info["client_type"] == "lua" and words[:2] == ["HSET", key]:
+                    written[words[2]] = len(words[3])
+                elif words == ["ECHO", marker]:
+                    return
+
+        task = asyncio.create_task(listen())
+        yield written
+        # MONITOR reports commands in the order they ran: once the marker shows, every
+        # write before it has.
+        async with aioredis.Redis.from_url(redis_url) as other:
+            await other.echo(marker)
+        await asyncio.wait_for(task, 10)
+    await client.aclose()
+
+
 @pytest.mark.parametrize("drop", ["node_killed", "connection_dropped"])
 async def test_a_g711_session_s_model_input_goes_on_sample_for_sample_after_a_resume(
         drop, server_process, redis_server, tiny_omni_dir):
     """mu-law input goes 8 -> 24 kHz onto the session clock, then 24 -> 16 kHz to the model:
     both resamplers go on where the dropped connection's stood, from the saved record on
-    another node or from the state kept live on the same one."""
+    another node or from the state kept live on the same one. The resumed session writes
+    the registry only the audio that came after the resume, not the context it already
+    holds."""
     env = {**os.environ, "DUPLEX_STORE__HEARTBEAT_S": "0.2", "DUPLEX_REDIS_URL": redis_server.url,
            "DUPLEX_STORE__KEEP_LIVE_S": "30"}
     nodes = [server_process("--model", str(tiny_omni_dir), "--node-id", name, env=env)
@@ -247,14 +278,22 @@ async def test_a_g711_session_s_model_input_goes_on_sample_for_sample_after_a_re
             lambda: httpx.get(f"{nodes[0].url}/healthz").json()["active_sessions"] == 0,
             "the dropped connection's session ends")
     node = nodes[-1]
+    held = saved(redis_server.url, session["id"])[1]
 
-    client, resumed = await resume(node, session)
-    assert resumed["type"] == "session.resumed"
-    assert resumed["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
-    assert resumed["rebuilt_context"]["kept_live"] is (drop == "connection_dropped")
-    await g711_turn(client, seed=22)
-    got = await g711_saved(redis_server.url, session["id"], 2)
+    async with context_writes(redis_server.url, session["id"]) as written:
+        client, resumed = await resume(node, session)
+        assert resumed["type"] == "session.resumed"
+        assert resumed["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
+        assert resumed["rebuilt_context"]["kept_live"] is (drop == "connection_dropped")
+        await g711_turn(client, seed=22)
+        got = await g711_saved(redis_server.url, session["id"], 2)
     await client.ws.close()
+    after = saved(redis_server.url, session["id"])[1]
+    assert written and set(written) == set(after.names) - set(held.names)
+    # The turn's 0.8 s of 16 kHz noise as base64 FLAC, in as many pieces as saves caught it
+    # in: about what the turn before it took, and nothing of that one again.
+    first_turn = sum(map(len, held.parts.values()))
+    assert first_turn > 15_000 and sum(written.values()) < 1.5 * first_turn
 
     reference, reference_session = await g711_session(node)
     await g711_turn(reference, seed=21)

@@ -349,9 +349,11 @@ class RealtimeSession(SessionLoop):
                                                               effect.resume_token)
         except ResumeError as exc:
             return self.protocol.refuse(exc.code, str(exc), "session_id")
-        await self.keeper.switch(lease)
         if self.place is not None:
             await self.place.move_to(record.id)
+        # Nothing awaited from here to the return: the keeper's next save must see the resumed
+        # session's context and conversation, never this connection's fresh ones under its id.
+        await self.keeper.switch(lease, record.context or StoredContext())
         bind_session(record.id, lease.epoch)
         self.protocol.resume_token = effect.resume_token
         rebuilt = None
