@@ -300,7 +300,10 @@ class ContextRecord:
         if self._head_part is not None:
             kept.append(self._head_part)
         index: dict[str, Any] = {
-            "rate": self.input_rate, "named": self._named,
+            # Not "rate": a node of the release before this format reads a record with its
+            # rate under that key, and crashes on this index; one without it it takes for
+            # another model's and resumes without the context.
+            "input_rate": self.input_rate, "named": self._named,
             "head": self._head_part.name if self._head_part is not None else None,
             "entries": [{kind: [p.name for p in parts]} for kind, parts in entries],
             "left_out": left_out}
@@ -320,7 +323,10 @@ class ContextRecord:
         # Even a record this model cannot use keeps its names: the registry holds parts under
         # them, and a new part must never be taken for one of those.
         record._named = index.get("named", 0)
-        if index.get("rate") != input_rate:
+        if index.get("input_rate", index.get("rate")) != input_rate:
+            return record
+        if "named" not in index:
+            record._load_whole(index)
             return record
         if (name := index["head"]) is not None:
             head = json.loads(parts[name])
@@ -347,6 +353,28 @@ class ContextRecord:
                 span.saved = (ids, Part(name, parts[name], 8 * len(ids)))
                 record.spans.append(span)
         return record
+
+    def _load_whole(self, data: dict[str, Any]) -> None:
+        """A record of the whole-record format (the release before incremental saves, whose
+        nodes kept the entire context in the session's `context` field): read, so a session a
+        node of that release saved resumes with its context here. Its parts are named anew;
+        the registry holds none of them, so the first save writes them all."""
+        if (head := data.get("head")) is not None:
+            self.instruct(head["instructions"], tuple(head["tools"]))
+        self.left_out = data.get("left_out", 0)
+        if (r := data.get("resampler")) is not None:
+            self.resamplers = InputResamplers(_state_from_json(r), None)
+        for e in data.get("entries", []):
+            if "audio" in e:
+                self.spans.append(AudioSpan(blocks=[
+                    Block(self._name(), n, flac)
+                    for n, flac in zip(e["samples"], e["audio"], strict=True)]))
+            elif "text" in e:
+                self.text(e["text"], e["role"])
+            else:
+                span = ReplySpan(None, -1, e["instructions"], tuple(e["tools"]))
+                span.tokens = [(0, None, tuple(e["reply"]))] if e["reply"] else []
+                self.spans.append(span)
 
     def summary(self, kept_live: bool = False) -> Rebuilt:
         items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)

@@ -219,3 +219,48 @@ def test_a_record_of_another_input_rate_is_not_rebuilt_but_its_names_are_not_reu
     other.instruct("be brief", ())
     other.text("hi again", "user")
     assert not set(other.to_record(lambda core_id: None).names) & set(stored.names)
+
+
+def test_a_record_of_the_whole_record_format_resumes_with_its_context():
+    """A session saved by a node of the release before incremental saves: the session's
+    `context` field held the whole record, and no parts. It comes back whole here, and saves
+    on in the incremental format."""
+    rng = np.random.default_rng(3)
+    block, tail = quantize(rng.uniform(-0.5, 0.5, 160000)), quantize(rng.uniform(-0.5, 0.5, 8000))
+    pcm16 = [np.round(x * 32767).astype(np.int16) for x in (block, tail)]
+    resampler_tail = rng.standard_normal(63).astype(np.float32)
+    whole = {
+        "rate": 16000,
+        "head": {"instructions": "be brief", "tools": [{"type": "function", "name": "f"}]},
+        "entries": [
+            {"audio": [base64.b64encode(encode_flac(p, 16000)).decode() for p in pcm16],
+             "samples": [len(p) for p in pcm16]},
+            {"reply": [5, 6, 7], "instructions": "be brief", "tools": []},
+            {"text": "and now?", "role": "user"},
+            {"reply": [], "instructions": "", "tools": []},
+        ],
+        "left_out": 2,
+        "resampler": {"fed": 168000, "emitted": 112000,
+                      "tail": base64.b64encode(resampler_tail.astype("<f4").tobytes()).decode()},
+    }
+    record = load(StoredContext(whole, {}, ()))
+    assert record.head == ("be brief", ({"type": "function", "name": "f"},))
+    audio, reply, text, unheard = record.spans
+    assert np.array_equal(audio.pcm(), np.concatenate(pcm16))
+    assert reply.heard_ids(None, 1.0) == [5, 6, 7] and unheard.heard_ids(None, 1.0) == []
+    assert (text.text, text.role) == ("and now?", "user")
+    assert record.summary().wire() == {"items": 3, "audio_seconds": 10.5, "left_out_items": 2,
+                                       "kept_live": False}
+    state = record.resamplers.model
+    assert (state.fed, state.emitted) == (168000, 112000)
+    assert np.array_equal(state.tail, resampler_tail)
+
+    stored = record.to_record(lambda core_id: None, record.resamplers)
+    # A node of the whole-record release reads the rate under "rate": without it, it takes
+    # this record for another model's and resumes without it, rather than failing on it.
+    assert "rate" not in stored.index
+    again = load(stored)
+    assert again.head == record.head and again.summary() == record.summary()
+    assert np.array_equal(again.spans[0].pcm(), np.concatenate(pcm16))
+    assert [s.heard_ids(None, 1.0) for s in again.spans if isinstance(s, ReplySpan)] == [
+        [5, 6, 7], []]

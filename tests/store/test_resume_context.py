@@ -119,7 +119,7 @@ def heard_audio(redis_url, session_id):
     """Each user audio turn as the model heard it (16-bit, at its input rate), from the
     context record the session's node saved."""
     _, stored = saved(redis_url, session_id)
-    rate = stored.index.get("rate", 0)
+    rate = stored.index.get("input_rate", 0)
     context = ContextRecord.from_record(stored, rate, RATE, RATE, 1 << 30)
     return [s.pcm() for s in context.spans if isinstance(s, AudioSpan)]
 
