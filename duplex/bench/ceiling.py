@@ -3,7 +3,10 @@
 The engine found a largest real-time session count and recorded, per stage, how many calls it
 made and how many sessions they held. Here the same model, in the same process with the same
 torch threads, runs each stage's batched call at the batch size the engine used (no scheduler,
-no events, no other sessions) and times it, median of `repeats` calls after a warm-up. A stage's
+no events, no other sessions) and times it: `rounds` rounds that take the stages in turn, each
+`repeats` calls after a warm-up, and the median of all those calls. In rounds, a slow spell of
+a shared machine (seen: the same call at the same batch size 1.7x slower in one run than in
+the next) touches a little of every stage rather than all of one. A stage's
 cost per session frame is its cost per call over the batch size, times how many of its items the
 engine ran per reply frame (codec items: one per session frame). Their sum is the ceiling cost;
 frame duration over it is how many sessions the arithmetic alone could voice at once.
@@ -27,6 +30,7 @@ from models.base import DuplexModel, ModelState
 
 REPEATS = 21
 WARMUP = 3
+ROUNDS = 5
 STAGES = ("encode", "prefill", "thinker", "talker", "codec")
 """The stages measured; the bench sends no camera frames, so there is no vision stage."""
 
@@ -53,14 +57,15 @@ def stage_loads(stages: dict[str, dict[str, Any]]) -> dict[str, StageLoad]:
 
 
 def measure(model: DuplexModel, batches: dict[str, int], repeats: int = REPEATS,
-            warmup: int = WARMUP, clock: Callable[[], float] = time.perf_counter) -> dict:
+            warmup: int = WARMUP, rounds: int = ROUNDS,
+            clock: Callable[[], float] = time.perf_counter) -> dict:
     """Median milliseconds of one call of each stage in `batches` at that batch size, and the
     model's frame duration: {"frame_ms": float, "ms_per_call": {stage: float}}."""
-    costs = {}
-    for stage in STAGES:
-        if stage in batches:
-            samples = _TIMERS[stage](model, batches[stage], warmup + repeats, clock)
-            costs[stage] = statistics.median(samples[warmup:]) * 1000
+    samples: dict[str, list[float]] = {stage: [] for stage in STAGES if stage in batches}
+    for _ in range(rounds):
+        for stage, timed in samples.items():
+            timed += _TIMERS[stage](model, batches[stage], warmup + repeats, clock)[warmup:]
+    costs = {stage: statistics.median(timed) * 1000 for stage, timed in samples.items()}
     return {"frame_ms": model.frame_samples / model.output_rate * 1000, "ms_per_call": costs}
 
 

@@ -109,7 +109,36 @@ def test_each_stage_is_timed_alone_at_the_batch_size_asked():
     # Timed calls hold exactly the batch asked; the rest feed the reply stages their inputs.
     assert model.calls["encode"].count(3) >= 22
     assert model.calls["thinker"].count(5) >= 22
-    assert model.calls["codec"] == [6] * 22
+    assert model.calls["codec"] == [6] * 22 * ceiling.ROUNDS
+
+
+class SlowSpellModel(CostedModel):
+    """Its first `slow_calls` stage calls cost three times as much: the machine was busy."""
+
+    def __init__(self, slow_calls: int) -> None:
+        super().__init__()
+        self.slow_calls = slow_calls
+
+    def _spend(self, stage: str, n: int) -> None:
+        before = self.now
+        super()._spend(stage, n)
+        if self.slow_calls > 0:
+            self.slow_calls -= 1
+            self.now += 2 * (self.now - before)
+
+
+def test_a_slow_spell_of_the_machine_moves_no_stage_s_figure():
+    batches = {"encode": 3, "codec": 6}
+    # The spell lasts the whole first round of the first stage measured.
+    spell = ceiling.WARMUP + ceiling.REPEATS
+    model = SlowSpellModel(spell)
+    measured = ceiling.measure(model, batches, clock=lambda: model.now)
+    for stage, batch in batches.items():
+        assert measured["ms_per_call"][stage] == pytest.approx(_expected_ms(stage, batch))
+    # Measured one stage after the other instead, encode takes every slow call.
+    model = SlowSpellModel(spell)
+    measured = ceiling.measure(model, batches, rounds=1, clock=lambda: model.now)
+    assert measured["ms_per_call"]["encode"] == pytest.approx(3 * _expected_ms("encode", 3))
 
 
 def test_rows_whose_reply_ended_start_another_so_every_timed_call_is_full():
@@ -126,8 +155,9 @@ def test_only_stages_asked_for_are_measured():
     model = CostedModel()
     measured = ceiling.measure(model, {"codec": 2}, repeats=20, clock=lambda: model.now)
     assert set(measured["ms_per_call"]) == {"codec"}
-    # The codec's sessions are given one chunk of input to reply to, untimed; nothing more.
-    assert model.calls["encode"] == model.calls["prefill"] == [2]
+    # Each round's codec sessions are given one chunk of input to reply to, untimed; nothing
+    # more.
+    assert model.calls["encode"] == model.calls["prefill"] == [2] * ceiling.ROUNDS
 
 
 def test_loads_weigh_each_stage_by_its_items_per_reply_frame():
