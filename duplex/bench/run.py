@@ -63,6 +63,8 @@ class ScriptedClient:
         self.first_audio_at: float | None = None
         """When the reply now under way was first heard (reply_start moves on by its pauses)."""
         self.paused_at: float | None = None
+        self.replies_heard = 0
+        """Replies whose audio has started: a turn listens for the one after its own speech."""
         self.reply_audio_s = 0.0
         self.response_id: str | None = None
         self.last_delta_at: dict[str, float] = {}
@@ -119,6 +121,7 @@ class ScriptedClient:
             seconds = len(base64.b64decode(event["delta"])) / 2 / RATE
             if self.reply_start is None:
                 self.reply_start = self.first_audio_at = now
+                self.replies_heard += 1
                 if self.awaiting_first_audio and self.speech_end is not None:
                     self.rec.ttfa_ms.append((now - self.speech_end) * 1000)
                 self.awaiting_first_audio = False
@@ -157,12 +160,15 @@ class ScriptedClient:
             t = await self._send_frames(speech, t)
             self.speech_end = t
             self.awaiting_first_audio = True
+            heard = self.replies_heard
             barge = self.script.barge_in[k]
             listen_until = None
-            # Keep streaming silence (the microphone stays open) while the reply plays.
+            # Keep streaming silence (the microphone stays open) while the reply plays. The
+            # reply is this turn's: one whose audio starts after the speech (the one before,
+            # cut by this speech or heard to its end, says nothing of when to talk again).
             while time.monotonic() < end:
                 t = await self._send_frames([SILENCE], t)
-                if self.reply_start is not None and listen_until is None:
+                if self.replies_heard > heard and listen_until is None:
                     listen_until = t + (self.rng.uniform(0.4, 0.8) if barge else 1e9)
                 if listen_until is not None and t >= listen_until:
                     break
@@ -170,7 +176,7 @@ class ScriptedClient:
                     pause = round(self.script.pause_s[k] * RATE / FRAME)
                     t = await self._send_frames([SILENCE] * pause, t)
                     break
-                if self.reply_start is None and t - self.speech_end > 5.0:
+                if listen_until is None and t - self.speech_end > 5.0:
                     break
             turn += 1
 

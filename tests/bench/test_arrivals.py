@@ -51,13 +51,16 @@ def test_an_unknown_arrivals_pattern_is_refused():
 
 @pytest.mark.parametrize("arrivals", ["herd", "poisson"])
 def test_a_bench_run_serves_every_session_and_reports_its_arrivals(arrivals, tmp_path):
-    report = bench("echo", str(tmp_path), sessions=3, duration_s=6.0, baseline=False,
+    report = bench("echo", str(tmp_path), sessions=3, duration_s=10.0, baseline=False,
                    find=False, limit=3, log=lambda line: None, in_process=True,
                    arrivals=arrivals, seed=2)
     assert (report["arrivals"], report["seed"]) == (arrivals, 2)
     run = report["modes"]["batched"]
     assert run["sessions"] == 3 and run["reply_audio_s"] > 0
     assert run["bytes_held_after_close"] == 0
+    # A caller barges in on the reply to its own turn once it hears it: every reply cut was
+    # talked over while heard, so each barge-in's pause is timed, and there was one.
+    assert run["barge_in_ms"]["n"] == run["pause_ms"]["n"] >= 1
     # Each session heard at least one reply, and the report says how many it timed.
     assert run["ttfa_ms"]["p50"] is not None and run["ttfa_ms"]["n"] >= 3
     # The engine's CPU time is counted within its busy time: never more, and some of it.
