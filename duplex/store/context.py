@@ -286,16 +286,22 @@ class ContextRecord:
                 h = heard(span.core_id) if span.core_id is not None else None
                 entries.append(("reply", [span.part(span.heard_ids(h, self.scale), self._name)]))
         size = sum(p.size for _, parts in entries for p in parts)
-        left_out = self.left_out
+        # What the cap leaves out is let go here too (entries and spans start alike): left
+        # out now, it would be left out of every later save, and a long call's record would
+        # otherwise hold all its audio for as long as the call lasts.
         while entries and size > self.max_bytes:
             parts = entries[0][1]
             if len(parts) > 1:
                 # One long stretch of audio (a long silence under server VAD) loses its
                 # oldest block, not all of it.
                 size -= parts.pop(0).size
+                span = self.spans[0]
+                if isinstance(span, AudioSpan) and span.blocks:
+                    span.blocks.pop(0)
                 continue
             size -= sum(p.size for p in entries.pop(0)[1])
-            left_out += 1
+            del self.spans[0]
+            self.left_out += 1
         kept = [p for _, parts in entries for p in parts]
         if self._head_part is not None:
             kept.append(self._head_part)
@@ -306,7 +312,7 @@ class ContextRecord:
             "input_rate": self.input_rate, "named": self._named,
             "head": self._head_part.name if self._head_part is not None else None,
             "entries": [{kind: [p.name for p in parts]} for kind, parts in entries],
-            "left_out": left_out}
+            "left_out": self.left_out}
         if resamplers is not None:
             index["resampler"] = _state_json(resamplers.model)
             if resamplers.g711 is not None:

@@ -264,3 +264,25 @@ def test_a_record_of_the_whole_record_format_resumes_with_its_context():
     assert np.array_equal(again.spans[0].pcm(), np.concatenate(pcm16))
     assert [s.heard_ids(None, 1.0) for s in again.spans if isinstance(s, ReplySpan)] == [
         [5, 6, 7], []]
+
+
+def test_a_long_call_s_live_record_holds_no_more_than_the_cap_lets_it_save():
+    """The session keeps recording for an hour; what the cap leaves out of a save is let go
+    from the live record too, and counted once however many saves follow."""
+    cap = 1_000_000
+    record = ContextRecord(16000, RATE, RATE, max_bytes=cap)
+    rng = np.random.default_rng(5)
+    noise = quantize(rng.uniform(-0.5, 0.5, 16000 * 10).astype(np.float32))
+    held = []
+    for turn in range(30):  # five minutes: ~12 MB of noise as base64 FLAC
+        record.audio(noise)
+        record.text(f"turn {turn}", "user")
+        stored = record.to_record(lambda core_id: None)
+        held.append(sum(len(b.flac) for s in record.spans if isinstance(s, AudioSpan)
+                        for b in s.blocks + s.pieces))
+    assert max(held) <= cap
+    # Each turn (a 10 s block and a text) that went is one item left out, once.
+    kept = load(stored, cap)
+    assert kept.summary().left_out == record.summary().left_out == 60 - len(kept.spans)
+    assert record.to_record(lambda core_id: None).index == stored.index
+    assert [s.text for s in kept.spans if isinstance(s, TextSpan)][-1] == "turn 29"
