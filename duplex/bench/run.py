@@ -1,8 +1,10 @@
 """Paced sessions in-process: the same Realtime session loop, engine and VAD as the server, driven
 by scripted clients that say recorded requests (duplex.bench.speech), wait, and talk over replies.
 
-Each client streams 20 ms frames at real time. Its script alternates a plain turn (speak, then
-listen to the whole reply) with a barge-in turn (speak again shortly after the reply starts).
+Each client streams 20 ms frames at real time, each sent once the whole frame could have been
+captured, and times the server's decisions from the first sample of its speech. Its script
+alternates a plain turn (speak, then listen to the whole reply) with a barge-in turn (speak
+again shortly after the reply starts).
 """
 
 from __future__ import annotations
@@ -140,9 +142,10 @@ class ScriptedClient:
             self.responses_done.set()
 
     async def _send_frames(self, frames: list[str], t_start: float) -> float:
-        """Send append events one frame apart from t_start; returns when the last one is due."""
+        """Send append events of audio that starts at t_start, each when its last sample has
+        been captured, as a live microphone can; returns when the audio ends."""
         for i, message in enumerate(frames):
-            due = t_start + i * FRAME / RATE
+            due = t_start + (i + 1) * FRAME / RATE
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self.rec.input_lag_ms.append(max(0.0, time.monotonic() - due) * 1000)
             self.session.feed_text(message)
