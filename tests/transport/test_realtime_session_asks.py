@@ -7,10 +7,12 @@ import base64
 import json
 import os
 import re
+import shutil
 
 import httpx
 import pytest
 
+from models.qwen3_omni.tiny import OPTIONS_FILE
 from tests.transport.sdk import client_for, events_until
 from tests.waiting import eventually
 
@@ -114,6 +116,40 @@ async def test_a_text_only_reply_has_no_audio_and_runs_no_talker(server_process,
     calls = await eventually(lambda: (c := stage_calls(server)).get("thinker") and c,
                              "the Thinker's steps reach /metrics")
     assert "talker" not in calls and "codec" not in calls
+
+
+async def test_truncation_reaches_the_model_and_response_done_reports_it(
+        server_process, tiny_omni_dir, tmp_path):
+    """A checkpoint whose Thinker keeps 256 positions: with truncation disabled the turn
+    that no longer fits fails with context_length_exceeded; switched to a retention ratio,
+    the same session answers again and its usage says how much of the context went."""
+    model = tmp_path / "tiny-omni-short-context"
+    shutil.copytree(tiny_omni_dir, model)
+    options = model / OPTIONS_FILE
+    options.write_text(json.dumps({**json.loads(options.read_text()), "max_context": 256}))
+    server = server_process("--model", str(model))
+    async with client_for(server).realtime.connect(model="tiny") as conn:
+        updated = await configure(conn, truncation="disabled", output_modalities=["text"])
+        assert updated.session.truncation == "disabled"
+        done = []
+        while len(done) < 10 and (not done or done[-1].status == "completed"):
+            events = await say(conn, "tell me about the sea and the ships that sail on it")
+            done.append(events[-1].response)
+        *fitted, refused = done
+        assert fitted and all(d.usage.model_extra["truncation"] == {
+            "type": "disabled", "truncated_tokens": 0} for d in fitted)
+        assert refused.status == "failed"
+        assert refused.status_details.error.code == "context_length_exceeded"
+
+        await conn.session.update(session={"type": "realtime", "truncation": {
+            "type": "retention_ratio", "retention_ratio": 0.5}})
+        await events_until(conn, "session.updated")
+        events = await say(conn, "and the ports?")
+        answer = events[-1].response
+        assert answer.status == "completed"
+        truncation = answer.usage.model_extra["truncation"]
+        assert truncation["type"] == "retention_ratio" and truncation["truncated_tokens"] > 0
+        assert answer.usage.input_tokens <= 256
 
 
 async def test_voices_are_checked_and_errors_leave_the_session_going(server_process,
