@@ -276,9 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="drive paced synthetic sessions and print per-stage figures",
-        description="Drive N paced synthetic sessions in-process in real time (20 ms frames, "
-        "turns of speech and silence, barge-ins) through the same session loop, VAD and engine "
+        help="drive paced sessions and print per-stage figures",
+        description="Drive N paced sessions in-process in real time (20 ms frames, turns of "
+        "recorded speech and silence, barge-ins) through the same session loop, VAD and engine "
         "as the server; print a table and optionally JSON.",
     )
     bench.add_argument("--config", metavar="FILE")
