@@ -4,6 +4,7 @@ streaming API gives."""
 import numpy as np
 import torch
 
+from duplex.bench.speech import utterances
 from duplex.bench.synth import babble
 from duplex.engine.vad import VAD_CHUNK, VAD_RATE, SileroVAD, VadService, VadStream
 from tests.waiting import until
@@ -66,7 +67,46 @@ def test_audio_of_a_session_mid_reply_skips_the_batching_wait_and_takes_the_rest
         service.submit(VadStream(), speech, lambda p: got.setdefault("idle", p))
         service.submit(VadStream(), speech, lambda p: got.setdefault("replying", p), urgent=True)
         until(lambda: len(got) == 2, "both sessions' probabilities, long before the wait ends")
-        assert len(got["idle"]) == len(got["replying"]) == 2
+        assert len(got["idle"].chunks) == len(got["replying"].chunks) == 2
         assert got["idle"] == got["replying"]
     finally:
         service.stop()
+
+
+def test_audio_mid_reply_is_also_scored_ahead_of_the_chunk_grid():
+    """Urgent audio that leaves part of a chunk pending gets its latest 512 samples scored
+    too (`early`); other sessions' audio, and audio that ends on a chunk, get none."""
+    service = VadService(gather_s=600.0)
+    try:
+        got: dict[str, object] = {}
+        speech = babble(VAD_CHUNK * 2 + 320, rate=VAD_RATE, seed=3)
+        service.submit(VadStream(), speech, lambda r: got.setdefault("idle", r))
+        service.submit(VadStream(), speech, lambda r: got.setdefault("replying", r), urgent=True)
+        service.submit(VadStream(), speech[:VAD_CHUNK], lambda r: got.setdefault("whole", r),
+                       urgent=True)
+        until(lambda: len(got) == 3, "the three sessions' probabilities")
+        assert got["idle"].early is None and got["whole"].early is None
+        assert got["replying"].early > 0.5 and got["replying"].chunks == got["idle"].chunks
+    finally:
+        service.stop()
+
+
+def test_scoring_ahead_finds_speech_sooner_and_changes_nothing_on_the_grid():
+    vad = SileroVAD()
+    frame = VAD_RATE // 50
+    sooner = 0
+    for pcm in utterances(VAD_RATE):
+        signal = np.concatenate([np.zeros(VAD_RATE // 2 + 100, np.float32), pcm])
+        stream, probs, first_early, first_grid = VadStream(), [], None, None
+        for start in range(0, len(signal), frame):
+            probs += vad.process([stream], [signal[start:start + frame]])[0]
+            if first_grid is None and max(probs, default=0) >= 0.5:
+                first_grid = start
+            [early] = vad.early([stream])
+            if first_early is None and early is not None and early >= 0.5:
+                first_early = start
+        # Scored ahead, never later than the grid; the grid's own scores are untouched.
+        assert first_early <= first_grid
+        sooner += first_early < first_grid
+        np.testing.assert_allclose(probs, alone(vad, signal, VAD_CHUNK), atol=1e-5)
+    assert sooner >= len(utterances(VAD_RATE)) // 2

@@ -1,7 +1,8 @@
 """Server VAD decisions from per-chunk speech probabilities: pure hysteresis on the sample clock.
 
 The probabilities come from a model (duplex.engine.vad); the decisions are plain logic: speech starts
-when a chunk reaches `threshold`, and stops after `silence_samples` of chunks below it.
+when a chunk reaches `threshold` (or the chunk still filling, scored ahead, does), and stops after
+`silence_samples` of chunks below it.
 """
 
 from dataclasses import dataclass
@@ -24,6 +25,17 @@ class TurnDetector:
         """End the current speech without a decision (it was judged a false interruption)."""
         self.speaking = False
         self.silence_run = 0
+
+    def feed_early(self, prob: float) -> SpeechStarted | None:
+        """The chunk still filling, scored ahead (duplex.engine.vad `early`): speech starts
+        there if it reaches `threshold`. Its chunk, once fed, goes on from that start; if it
+        is no speech after all, the silence that follows ends it as any speech ends."""
+        if self.speaking or prob < self.threshold:
+            return None
+        self.speaking = True
+        self.silence_run = 0
+        self.speech_end = self.position
+        return SpeechStarted(self.position)
 
     def feed(self, prob: float, n_samples: int) -> SpeechStarted | SpeechStopped | None:
         """Account one chunk of `n_samples` whose speech probability is `prob`."""

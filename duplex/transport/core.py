@@ -37,7 +37,7 @@ class ProtocolCore(Protocol):
 
     def receive_bytes(self, data: bytes) -> list[Any]: ...
 
-    def on_vad(self, probs: list[float]) -> list[Any]: ...
+    def on_vad(self, probs: list[float], early: float | None = None) -> list[Any]: ...
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Any]: ...
 
@@ -109,15 +109,19 @@ class MediaClock:
         r = self._to_model
         self._to_model = FirResampler.resume(r.in_rate, r.out_rate, state)
 
-    def speech_decisions(self, probs: list[float]) -> Iterator[SpeechCommand]:
+    def speech_decisions(self, probs: list[float],
+                         early: float | None = None) -> Iterator[SpeechCommand]:
         """The detector's decisions, each followed by the chunk's activity (which judges a
-        paused reply's interruption), in input order. Lazily: a false interruption judged on
-        one chunk ends the detector's speech (`forget_speech`) before the next is fed."""
+        paused reply's interruption), in input order, then what the `early` score of the
+        chunk still filling starts. Lazily: a false interruption judged on one chunk ends the
+        detector's speech (`forget_speech`) before the next is fed."""
         for prob in probs:
             decision = self.detector.feed(prob, self.vad_chunk)
             if decision is not None:
                 yield decision
             yield cmd.VoiceActivity(self.detector.position, prob >= self.detector.threshold)
+        if early is not None and (started := self.detector.feed_early(early)) is not None:
+            yield started
 
     def forget_speech(self) -> None:
         """A false interruption is over: the next speech is a new onset (and a new pause)."""

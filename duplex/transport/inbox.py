@@ -39,6 +39,8 @@ class EngineOutput:
 @dataclass(frozen=True, slots=True)
 class SpeechProbs:
     probs: list[float]
+    early: float | None = None
+    """The latest audio's probability ahead of the chunk grid (duplex.engine.vad)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,7 +176,8 @@ class SessionLoop:
                 self.engine.push_audio(sid, effect.pcm)
             elif isinstance(effect, VadFeed):
                 self.vad.submit(self.vad_stream, effect.pcm,
-                                lambda probs: self.post(SpeechProbs(probs)), effect.urgent)
+                                lambda r: self.post(SpeechProbs(r.chunks, r.early)),
+                                effect.urgent)
             elif isinstance(effect, EngineCommit):
                 self.engine.commit(sid, effect.epoch, effect.spec)
             elif isinstance(effect, EnginePushText):
@@ -219,7 +220,7 @@ class SessionLoop:
 _MESSAGES: dict[type, Callable[[SessionLoop, Any], list]] = {
     PeerText: lambda loop, m: loop.protocol.receive_text(m.text),
     PeerBytes: lambda loop, m: loop.protocol.receive_bytes(m.data),
-    SpeechProbs: lambda loop, m: loop.protocol.on_vad(m.probs),
+    SpeechProbs: lambda loop, m: loop.protocol.on_vad(m.probs, m.early),
     EngineOutput: lambda loop, m: loop._engine_output(m),
     Tick: lambda loop, m: [],
 }

@@ -448,10 +448,10 @@ class RealtimeProtocol:
 
     # -- what the speech detector, the engine and the recogniser report -----------------------
 
-    def on_vad(self, probs: list[float]) -> list[Effect]:
+    def on_vad(self, probs: list[float], early: float | None = None) -> list[Effect]:
         out: list[Effect] = []
         if self.turn_detection is not None and not self.closed:
-            self.turns.on_vad(out, probs, duplex=self.segments is not None)
+            self.turns.on_vad(out, probs, early, duplex=self.segments is not None)
         return out
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:

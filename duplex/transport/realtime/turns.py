@@ -63,8 +63,9 @@ class Turns:
         self._idle_since: int | None = None
         """Clock sample since which nothing has happened, for turn_detection.idle_timeout_ms."""
 
-    def on_vad(self, out: list, probs: list[float], *, duplex: bool) -> None:
-        for command in self.clock.speech_decisions(probs):
+    def on_vad(self, out: list, probs: list[float], early: float | None = None, *,
+               duplex: bool) -> None:
+        for command in self.clock.speech_decisions(probs, early):
             if duplex:
                 if isinstance(command, (cmd.SpeechStarted, cmd.SpeechStopped)):
                     self._duplex_speech(out, command)

@@ -318,11 +318,11 @@ class TwilioProtocol:
 
     # -- turn detection -------------------------------------------------------------------
 
-    def on_vad(self, probs: list[float]) -> list[Effect]:
+    def on_vad(self, probs: list[float], early: float | None = None) -> list[Effect]:
         out: list[Effect] = []
         if self.closed or self.stream is None:
             return out
-        for command in self.clock.speech_decisions(probs):
+        for command in self.clock.speech_decisions(probs, early):
             if self.duplex:
                 # The model hears the caller in the same frames and decides for itself.
                 if isinstance(command, (cmd.SpeechStarted, cmd.SpeechStopped)):
