@@ -64,18 +64,19 @@ class Client:
         await self.send("response.create")
 
 
-async def new_session(server):
-    c = await Client.connect(server)
+async def new_session(server, instructions="be brief", client=Client):
+    """A session with `instructions` and no turn detection, on a `client` of this kind."""
+    c = await client.connect(server)
     created = await c.recv()
     assert created["type"] == "session.created"
-    await c.send("session.update", session={"type": "realtime", "instructions": "be brief",
+    await c.send("session.update", session={"type": "realtime", "instructions": instructions,
                                            "audio": {"input": {"turn_detection": None}}})
     await c.until("session.updated")
     return c, created["session"]
 
 
-async def resume(server, session):
-    c = await Client.connect(server)
+async def resume(server, session, client=Client):
+    c = await client.connect(server)
     assert (await c.recv())["type"] == "session.created"
     await c.send("session.resume", session_id=session["id"], resume_token=session["resume_token"])
     return c, await c.recv()

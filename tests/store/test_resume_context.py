@@ -23,6 +23,8 @@ from duplex.media import ulaw_encode
 from duplex.store import StoredContext
 from duplex.store.context import AudioSpan, ContextRecord
 from tests.store.test_resume_cluster import Client as WireClient
+from tests.store.test_resume_cluster import new_session as wire_session
+from tests.store.test_resume_cluster import resume as wire_resume
 from tests.waiting import eventually
 
 RATE = 24000
@@ -78,20 +80,11 @@ class Client(WireClient):
 
 
 async def new_session(server):
-    c = await Client.connect(server)
-    created = await c.recv()
-    await c.send("session.update", session={
-        "type": "realtime", "instructions": "You are terse.",
-        "audio": {"input": {"turn_detection": None}}})
-    await c.until("session.updated")
-    return c, created["session"]
+    return await wire_session(server, "You are terse.", Client)
 
 
 async def resume(server, session):
-    c = await Client.connect(server)
-    assert (await c.recv())["type"] == "session.created"
-    await c.send("session.resume", session_id=session["id"], resume_token=session["resume_token"])
-    return c, await c.recv()
+    return await wire_resume(server, session, Client)
 
 
 def saved(redis_url, session_id):

@@ -27,9 +27,9 @@ LOUDSPEAKER = np.array([0.1, 0.2, 0.4, 0.2, 0.1], np.float32)
 """A small loudspeaker and room: the high end of the reply is gone by the time it is heard."""
 
 
-def utterance(text: str) -> np.ndarray:
-    """espeak-ng speaking `text`, at 24 kHz."""
-    return soxr.resample(speak(text), 16000, RATE).astype(np.float32)
+def utterance(text: str, rate: int = RATE) -> np.ndarray:
+    """espeak-ng speaking `text`, at `rate` (24 kHz unless told)."""
+    return soxr.resample(speak(text), 16000, rate).astype(np.float32)
 
 
 def pcm16(x: np.ndarray) -> bytes:

@@ -39,16 +39,16 @@ async def conversation(url: str, delay_ms: int, gain_db: float, noise_reduction,
         _, created = await c.wait_for("response.created")
         reply1 = created["response"]["id"]
         t_audio, _ = await c.wait_for("response.output_audio.delta", response_id=reply1)
-        await asyncio.sleep(max(0.0, t_audio + 0.8 - c.now()))
-        burst_at = c.say(burst) if with_burst else None
+        # 0.8 s into the reply: a burst, or nothing.
+        burst_at = (c.say(burst, after_s=max(0.04, t_audio + 0.8 - c.now())) if with_burst
+                    else None)
         t_done1, done1 = await c.wait_for("response.done", after=t_audio)
 
         said_at = c.say(second, after_s=0.5)
         _, created = await c.wait_for("response.created", after=said_at)
         reply2 = created["response"]["id"]
         t_audio2, _ = await c.wait_for("response.output_audio.delta", response_id=reply2)
-        await asyncio.sleep(max(0.0, t_audio2 + 0.8 - c.now()))
-        onset = c.say(interruption)
+        onset = c.say(interruption, after_s=max(0.04, t_audio2 + 0.8 - c.now()))
         t_done2, done2 = await c.wait_for("response.done", after=t_audio2)
         await c.stop()
     return {"c": c, "first": first, "reply1": reply1, "done1": done1, "t_audio": t_audio,

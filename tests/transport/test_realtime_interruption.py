@@ -1,14 +1,14 @@
 """The Realtime protocol core's side of pausing a reply for speech over it
 (`turn_detection.min_interruption_ms`) and of `audio.input.noise_reduction`, driven directly."""
 
-import json
 
 import numpy as np
 import pytest
 
-from duplex.transport.effects import EngineCancel, EngineCommit, InterruptionJudged, Send
+from duplex.transport.effects import EngineCancel, EngineCommit, InterruptionJudged
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 from duplex.transport.realtime.session_config import DEFAULT_MIN_INTERRUPTION_MS
+from tests.transport.test_realtime_client_contract import send, sent, types
 
 SPEECH, QUIET = 0.9, 0.1
 CHUNK = 768
@@ -23,18 +23,6 @@ def make(turn_detection: dict | None = None, duplex_events: bool = True) -> Real
         send(p, type="session.update",
              session={"audio": {"input": {"turn_detection": turn_detection}}})
     return p
-
-
-def sent(effects):
-    return [e.event for e in effects if isinstance(e, Send)]
-
-
-def send(p, **event):
-    return p.receive_text(json.dumps(event))
-
-
-def types(effects):
-    return [e["type"] for e in sent(effects)]
 
 
 def replying(p: RealtimeProtocol) -> int:

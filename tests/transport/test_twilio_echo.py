@@ -9,11 +9,10 @@ import time
 import httpx
 import numpy as np
 import pytest
-import soxr
 import websockets
 
-from tests.transcription.fixtures import TEXTS, have_espeak, speak
-from tests.transport.echoing_client import LOUDSPEAKER
+from tests.transcription.fixtures import TEXTS, have_espeak
+from tests.transport.echoing_client import LOUDSPEAKER, utterance
 from tests.transport.test_twilio_call import (
     FRAME,
     FRAME_S,
@@ -27,10 +26,6 @@ from tests.transport.test_twilio_call import (
 
 DELAY_S = 0.15
 GAIN = 10 ** (-10 / 20)
-
-
-def said(text: str) -> np.ndarray:
-    return soxr.resample(speak(text), 16000, RATE).astype(np.float32)
 
 
 class SpeakerphonePeer(Peer):
@@ -65,7 +60,7 @@ async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is
         pytest.fail("espeak-ng is not installed (make test installs it)")
     server = server_process("--model", "echo")
     silence = np.zeros(RATE, np.float32)
-    burst = said(TEXTS[2])[1300 : 1300 + RATE * 15 // 100]
+    burst = utterance(TEXTS[2], RATE)[1300 : 1300 + RATE * 15 // 100]
     burst *= 0.9 / np.abs(burst).max()
     ws_url = server.url.replace("http", "ws") + "/telephony/twilio"
     async with websockets.connect(ws_url, compression=None) as ws:
@@ -78,7 +73,7 @@ async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is
             "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})
         peer.seq = 1
         peer.next_frame_at = time.time()
-        await peer.speak(np.concatenate([silence[: RATE // 5], said(TEXTS[0])]))
+        await peer.speak(np.concatenate([silence[: RATE // 5], utterance(TEXTS[0], RATE)]))
 
         # The reply plays and echoes; 0.8 s in, a burst; then it must play to its end.
         await wait_until(lambda: peer.heard_s() >= 0.8, 10.0, "the reply", peer)
@@ -94,11 +89,11 @@ async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is
         assert first_marks == {name for _, name, _ in peer.played}
 
         # Speech over the echo of the next reply: paused, then cleared.
-        await peer.speak(said(TEXTS[3]))
+        await peer.speak(utterance(TEXTS[3], RATE))
         await wait_until(lambda: len(peer.media_in) > len(first_reply) + 40, 20.0,
                          "the second reply", peer)
         onset_sent = time.time()
-        await peer.speak(said(TEXTS[6]))
+        await peer.speak(utterance(TEXTS[6], RATE))
         await wait_until(lambda: peer.clears, 10.0, "a clear", peer)
         await peer.speak(silence[: RATE // 5])
         peer.put({"event": "stop", "streamSid": SID,
