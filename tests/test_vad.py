@@ -110,3 +110,20 @@ def test_scoring_ahead_finds_speech_sooner_and_changes_nothing_on_the_grid():
         sooner += first_early < first_grid
         np.testing.assert_allclose(probs, alone(vad, signal, VAD_CHUNK), atol=1e-5)
     assert sooner >= len(utterances(VAD_RATE)) // 2
+
+
+def test_noise_clicks_and_tones_are_no_speech_scored_ahead_either():
+    vad = SileroVAD()
+    rng = np.random.default_rng(11)
+    t = np.arange(VAD_RATE * 3) / VAD_RATE
+    clicks = np.zeros(len(t), np.float32)
+    for at in range(0, len(clicks), VAD_RATE // 4):
+        clicks[at : at + 30] = rng.uniform(-0.8, 0.8, 30)
+    frame = VAD_RATE // 50
+    for signal in ((rng.standard_normal(len(t)) * 0.25).astype(np.float32), clicks,
+                   (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)):
+        stream, grid, ahead = VadStream(), [], []
+        for start in range(0, len(signal), frame):
+            grid += vad.process([stream], [signal[start:start + frame]])[0]
+            ahead += [p for p in vad.early([stream]) if p is not None]
+        assert max(grid) < 0.5 and max(ahead) < 0.5
