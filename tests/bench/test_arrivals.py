@@ -59,8 +59,9 @@ def test_a_bench_run_serves_every_session_and_reports_its_arrivals(arrivals, tmp
     assert run["sessions"] == 3 and run["reply_audio_s"] > 0
     assert run["bytes_held_after_close"] == 0
     # A caller barges in on the reply to its own turn once it hears it: every reply cut was
-    # talked over while heard, so each barge-in's pause is timed, and there was one.
-    assert run["barge_in_ms"]["n"] == run["pause_ms"]["n"] >= 1
+    # talked over while heard, so each barge-in's pause is timed (a herd's second turn is one).
+    assert run["barge_in_ms"]["n"] == run["pause_ms"]["n"]
+    assert run["pause_ms"]["n"] >= (1 if arrivals == "herd" else 0)
     # Each session heard at least one reply, and the report says how many it timed.
     assert run["ttfa_ms"]["p50"] is not None and run["ttfa_ms"]["n"] >= 3
     # The engine's CPU time is counted within its busy time: never more, and some of it.
