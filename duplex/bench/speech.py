@@ -1,8 +1,9 @@
 """What the bench's callers say: eight requests to a voice assistant, spoken by espeak-ng.
 
 The recordings ship with the package (duplex/bench/speech/*.flac), so a bench runs where
-espeak-ng is not installed. Each starts on its first sounding sample: a detector is timed from
-the onset of the speech, not from a synthesizer's lead-in silence. `python -m duplex.bench.speech`
+espeak-ng is not installed. Each runs from its first sounding sample to its last: a detector is
+timed from the onset of the speech and a reply from its end, not from a synthesizer's lead-in
+and trailing silence. `python -m duplex.bench.speech`
 records them again (it needs espeak-ng).
 """
 

@@ -1,7 +1,7 @@
 """Speech probability with silero-vad, batched across sessions, state carried per stream.
 
 silero's scripted model keeps one hidden state for one batch; here each session keeps its own
-(state, context) and a batch call stacks them, so many sessions cost one forward.
+(state, last input) and a batch call stacks them, so many sessions cost one forward.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ def _load_jit():
 @dataclass
 class VadStream:
     state: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 1, 128))
-    context: torch.Tensor = field(default_factory=lambda: torch.zeros(1, _CONTEXT))
+    last_input: np.ndarray = field(
+        default_factory=lambda: np.zeros(_CONTEXT + VAD_CHUNK, np.float32))
+    """What the model was last given: the last complete chunk after its context. Its tail is
+    the next chunk's context; with `pending`, it is also the latest 512 samples `early`
+    scores."""
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    recent: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT + VAD_CHUNK, np.float32))
-    """The last chunk's worth of audio fed (and its context), for `SileroVAD.early`."""
 
 
 @dataclass(frozen=True)
@@ -59,16 +61,15 @@ class SileroVAD:
     def process(self, streams: list[VadStream], chunks: list[np.ndarray]) -> list[list[float]]:
         """Feed 16 kHz float32 audio per stream; one probability per complete 512-sample chunk."""
         for stream, chunk in zip(streams, chunks, strict=True):
-            chunk = np.asarray(chunk, np.float32)
-            stream.pending = np.concatenate([stream.pending, chunk])
-            stream.recent = np.concatenate([stream.recent, chunk])[-len(stream.recent):]
+            stream.pending = np.concatenate([stream.pending, np.asarray(chunk, np.float32)])
         probs: list[list[float]] = [[] for _ in streams]
         while True:
             ready = [i for i, s in enumerate(streams) if len(s.pending) >= VAD_CHUNK]
             if not ready:
                 return probs
             x = torch.from_numpy(np.stack([streams[i].pending[:VAD_CHUNK] for i in ready]))
-            context = torch.cat([streams[i].context for i in ready])
+            context = torch.from_numpy(np.stack([streams[i].last_input[-_CONTEXT:]
+                                                 for i in ready]))
             state = torch.cat([streams[i].state for i in ready], dim=1)
             x = torch.cat([context, x], dim=1)
             out, state = self._model(x, state)
@@ -76,7 +77,7 @@ class SileroVAD:
                 s = streams[i]
                 s.pending = s.pending[VAD_CHUNK:]
                 s.state = state[:, row : row + 1].clone()
-                s.context = x[row : row + 1, -_CONTEXT:].clone()
+                s.last_input = x[row].numpy().copy()
                 probs[i].append(float(out[row]))
 
     @torch.inference_mode()
@@ -90,7 +91,9 @@ class SileroVAD:
         rows = [i for i, s in enumerate(streams) if len(s.pending)]
         out: list[float | None] = [None] * len(streams)
         if rows:
-            x = torch.from_numpy(np.stack([streams[i].recent for i in rows]))
+            x = torch.from_numpy(np.stack([
+                np.concatenate([streams[i].last_input[len(streams[i].pending):],
+                                streams[i].pending]) for i in rows]))
             state = torch.cat([streams[i].state for i in rows], dim=1)
             probs, _ = self._model(x, state)
             for row, i in enumerate(rows):

@@ -5,7 +5,6 @@ said once the model frame holding it (80 ms) is complete. An aiortc caller hears
 it still speaks, and nothing interrupts.
 """
 
-import asyncio
 import time
 
 import numpy as np
@@ -28,7 +27,7 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
     async with websockets.connect(server.url.replace("http", "ws") + "/telephony/twilio",
                                   compression=None) as ws:
         peer = Peer(ws)
-        tasks = [asyncio.create_task(peer.writer()), asyncio.create_task(peer.reader())]
+        peer.start()
         peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         peer.put({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
             "streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
@@ -41,13 +40,8 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
         # wait for input that never comes.
         await eventually(lambda: len(peer.media_in) * FRAME >= len(caller) - 3 * 1920 // 3,
                          "the caller's audio comes back", 10.0)
-        peer.put({"event": "stop", "streamSid": SID,
-                  "stop": {"accountSid": "AC0", "callSid": "CA0"}})
-        await asyncio.wait_for(tasks[1], 10)
-        peer.outq.put_nowait(None)
-        await tasks[0]
-        for task in peer.echoes.values():
-            task.cancel()
+        await peer.hang_up({"event": "stop", "streamSid": SID,
+                            "stop": {"accountSid": "AC0", "callSid": "CA0"}}, 10)
     received = [payload for _, payload in peer.media_in]
     heard = decoded(b"".join(received))
     # Silence went out too: the caller got (nearly) a whole call's worth of audio, not just

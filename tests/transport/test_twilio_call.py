@@ -58,6 +58,20 @@ class Peer:
         self.dropped_marks: list[str] = []
         self.echoes: dict[str, asyncio.Task] = {}
         self.clears: list[float] = []
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self.writer()), asyncio.create_task(self.reader())]
+
+    async def hang_up(self, message: dict, timeout: float) -> None:
+        """Send the call's last message (a stop, or the end-call digit), wait for the server
+        to close the stream, and wind the peer down."""
+        self.put(message)
+        await asyncio.wait_for(self.tasks[1], timeout)
+        self.outq.put_nowait(None)
+        await self.tasks[0]
+        for task in self.echoes.values():
+            task.cancel()
 
     # -- sending -------------------------------------------------------------------------
 
@@ -180,7 +194,7 @@ async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process
     ws_url = server.url.replace("http", "ws") + "/telephony/twilio"
     async with websockets.connect(ws_url, compression=None) as ws:
         peer = Peer(ws)
-        tasks = [asyncio.create_task(peer.writer()), asyncio.create_task(peer.reader())]
+        peer.start()
         peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         peer.media(mulaw(silence[:FRAME]), taken=False, sequenceNumber="1")  # before start
         peer.put({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
@@ -206,13 +220,8 @@ async def test_a_twilio_call_with_barge_in_against_the_echo_model(server_process
                          and peer.media_in[-1][0] > peer.clears[0] + 0.2, 10.0,
                          "the reply to the interruption", peer)
         await peer.speak(silence[: RATE // 5])
-        peer.put({"event": "dtmf", "streamSid": SID,
-                  "dtmf": {"track": "inbound_track", "digit": "#"}})
-        await asyncio.wait_for(tasks[1], 5.0)
-        peer.outq.put_nowait(None)
-        await tasks[0]
-        for task in peer.echoes.values():
-            task.cancel()
+        await peer.hang_up({"event": "dtmf", "streamSid": SID,
+                            "dtmf": {"track": "inbound_track", "digit": "#"}}, 5.0)
         assert ws.close_code == 1000
 
     # The call's books reach /metrics once the server has let go of it.

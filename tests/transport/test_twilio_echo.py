@@ -65,7 +65,7 @@ async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is
     ws_url = server.url.replace("http", "ws") + "/telephony/twilio"
     async with websockets.connect(ws_url, compression=None) as ws:
         peer = SpeakerphonePeer(ws)
-        tasks = [asyncio.create_task(peer.writer()), asyncio.create_task(peer.reader())]
+        peer.start()
         peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         peer.put({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
             "streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
@@ -96,13 +96,8 @@ async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is
         await peer.speak(utterance(TEXTS[6], RATE))
         await wait_until(lambda: peer.clears, 10.0, "a clear", peer)
         await peer.speak(silence[: RATE // 5])
-        peer.put({"event": "stop", "streamSid": SID,
-                  "stop": {"accountSid": "AC0", "callSid": "CA0"}})
-        await asyncio.wait_for(tasks[1], 10.0)
-        peer.outq.put_nowait(None)
-        await tasks[0]
-        for task in peer.echoes.values():
-            task.cancel()
+        await peer.hang_up({"event": "stop", "streamSid": SID,
+                            "stop": {"accountSid": "AC0", "callSid": "CA0"}}, 10.0)
 
     # The first reply was paused once and resumed: one gap in its audio after the burst.
     gaps = [b - a for (a, _), (b, _) in zip(first_reply, first_reply[1:], strict=False)
