@@ -80,7 +80,7 @@ PROFILES = {
     "cpu": Profile(
         device="cpu", dtype="float32", shaped=False, correctness_layers=1,
         batches=(1, 4), repeats=3, reply_steps=4, codec_frames=6,
-        bench_max_sessions=2, bench_duration_s=3.0,
+        bench_max_sessions=2, bench_duration_s=5.0,
         limits_s={"environment": 60, "correctness": 90, "stages": 90}, total_s=300,
     ),
 }

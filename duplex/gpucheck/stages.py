@@ -49,7 +49,7 @@ def run(profile: Profile, record: PhaseRecord) -> None:
         torch.cuda.synchronize()
     record.set("model", f"{profile.bench_model} in {profile.dtype} on {device}")
     record.set("build s", round(time.perf_counter() - started, 1))
-    record.set("weights GiB", round(parameter_bytes(model) / 2**30, 2))
+    record.set("weights GiB", round(parameter_bytes(model) / 2**30, 3))
     text = thinker_parts(model).text
     record.set("thinker experts implementation",
                str(getattr(text.config, "_experts_implementation", "unknown")))
