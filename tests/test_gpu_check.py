@@ -35,9 +35,6 @@ SMALL = ("--set", "batches=2", "--set", "repeats=1", "--set", "reply_steps=2",
          "--set", "bench_max_sessions=1", "--set", "bench_duration_s=4")
 """The CPU profile cut further: the test proves the check runs, the figures are a GPU's."""
 
-pytestmark = pytest.mark.slow
-
-
 def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", requirement).lower()
 
@@ -125,6 +122,7 @@ def phase(out: Path, name: str) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_check_runs_on_a_host_holding_only_the_image_and_the_wheels(
         host_python, wheels, tmp_path):
     out = tmp_path / "out"
@@ -169,6 +167,7 @@ def test_the_check_runs_on_a_host_holding_only_the_image_and_the_wheels(
     assert list(report["modes"]) == ["batched"] and report["ratio"] is None
 
 
+@pytest.mark.slow
 def test_an_import_the_host_lacks_fails_the_check(host_python, wheels, tmp_path):
     # wheels.txt without soxr: the bench imports it with every session's resampler.
     short = wheel_dir(tmp_path / "wheels", PYTHON)
@@ -187,6 +186,7 @@ def test_an_import_the_host_lacks_fails_the_check(host_python, wheels, tmp_path)
     assert env["figures"]["bench imports"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_phase_past_its_limit_is_stopped_and_the_next_still_runs(wheels, tmp_path):
     out = tmp_path / "out"
     done = run_check(Path(sys.executable), wheels, out, "--phases", "stages,environment",
