@@ -120,6 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
         arrivals=args.arrivals,
         seed=args.seed,
         pin_cpus=settings.engine.pin_cpus,
+        batched_only=args.batched_only,
     )
     print(table(report))
     if args.json:
@@ -300,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="find the largest real-time N for batched and per-session modes; ratio = their quotient",
     )
     bench.add_argument("--max-sessions", type=int, default=128, help="upper bound for --find-max")
+    bench.add_argument(
+        "--batched-only",
+        action="store_true",
+        help="with --find-max or --baseline: run the batched mode alone (one model build, no "
+        "ratio), as the GPU check does to fit its time",
+    )
     bench.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16", "float16"],

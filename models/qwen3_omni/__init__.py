@@ -11,4 +11,6 @@
 - `tiny`: a tiny random-weight checkpoint, and offline loading of any checkpoint.
 - `shaped`: random weights at Qwen3-Omni-30B-A3B's published widths, deep stacks cut to fit.
 - `graphs`: the code predictor's per-frame loop in fixed buffers, as CUDA graphs on a GPU.
+- `compat`: what transformers 5.17 and later releases name differently (the cache keyword,
+  where the Thinker keeps its text model and encoders), read from the installed release.
 """

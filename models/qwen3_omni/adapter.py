@@ -30,6 +30,7 @@ from models.fingerprint import fingerprint
 from models.kv import SlotKV, SlotOwnershipError
 from models.prefix_cache import PrefixCache
 from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav, offline_decode
+from models.qwen3_omni.compat import thinker_parts
 from models.qwen3_omni.encoders import (
     AudioEncoder,
     AudioFeatures,
@@ -102,8 +103,9 @@ class Qwen3OmniAdapter(DuplexModel):
         self.config = model.config
         _require_explicit_masks(model)
         thinker_cfg = self.config.thinker_config
+        parts = thinker_parts(model)
         self._audio = AudioEncoder(
-            model.thinker.model.audio_tower,
+            parts.audio,
             thinker_cfg.audio_config,
             preprocessor,
             self.input_rate,
@@ -113,14 +115,14 @@ class Qwen3OmniAdapter(DuplexModel):
         )
         self.input_chunk_samples = self._audio.chunk_samples
         self._vision = VisionEncoder(
-            model.thinker.model.visual,
+            parts.vision,
             thinker_cfg.vision_config,
             preprocessor,
             options.video_max_pixels,
             self.device,
             torch_dtype,
             self.feature_cache,
-            fingerprint(model.thinker.model.visual, thinker_cfg.vision_config, torch_dtype),
+            fingerprint(parts.vision, thinker_cfg.vision_config, torch_dtype),
         )
         codec = StreamingCode2Wav(model.code2wav)
         self.frame_samples = codec.frame_samples
@@ -133,10 +135,9 @@ class Qwen3OmniAdapter(DuplexModel):
         self._talker = Talker(
             model, self._pools.talker, options, self.device, torch_dtype, cuda_graphs
         )
-        lm = model.thinker.model.language_model
         self._thinker = Thinker(
             model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype,
-            self.prefix_cache, fingerprint(lm, thinker_cfg.text_config, torch_dtype),
+            self.prefix_cache, fingerprint(parts.text, thinker_cfg.text_config, torch_dtype),
         )
         self.voices = self._talker.voices
         self.default_voice = options.speaker.lower()
@@ -317,7 +318,7 @@ def _placed(model, device: str, dtype: torch.dtype):
 
 
 def _require_explicit_masks(model) -> None:
-    for part in (model.thinker.model.language_model, model.talker.model):
+    for part in (thinker_parts(model).text, model.talker.model):
         # Other kernels (flash attention) ignore an arbitrary 4D mask, which batching needs.
         if part.config._attn_implementation not in ("sdpa", "eager"):
             raise ValueError(

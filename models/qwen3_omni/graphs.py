@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from models.qwen3_omni import compat
 from models.qwen3_omni.options import Sampling, Stream, filtered, uniform_block
 
 log = logging.getLogger("duplex.models")
@@ -123,7 +124,7 @@ class StaticResidual:
                 inputs_embeds=x,
                 attention_mask=self._masks[k],
                 position_ids=at[None].expand(self.batch, -1),
-                cache=self.kv,
+                **{compat.CODE_PREDICTOR_CACHE: self.kv},
                 use_cache=True,
             ).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()

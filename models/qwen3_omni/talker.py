@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from models.base import TalkerFrame, ThinkerToken
 from models.kv import SlotKV
+from models.qwen3_omni import compat
 from models.qwen3_omni.graphs import residual_graphs
 from models.qwen3_omni.options import Qwen3OmniOptions, Sampling, sample_rows
 from models.qwen3_omni.session import PREFIX, USER, Session
@@ -156,7 +157,7 @@ class Talker:
             inputs_embeds=embeds,
             attention_mask=kv.mask,
             position_ids=positions.to(self.device)[None].expand(3, -1, -1),
-            cache=kv,
+            **{compat.TALKER_CACHE: kv},
             use_cache=True,
         )
         kv.commit()
@@ -211,7 +212,8 @@ class Talker:
         for k in range(self.num_codes - 1):
             if k:
                 x = predictor.get_input_embeddings()[k - 1](codes[-1])[:, None]
-            h = predictor.model(inputs_embeds=x, cache=cache, use_cache=True).last_hidden_state
+            h = predictor.model(inputs_embeds=x, **{compat.CODE_PREDICTOR_CACHE: cache},
+                                use_cache=True).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()
             codes.append(sample_rows(logits, samplings, gens))
         return torch.stack(codes, dim=1)

@@ -23,6 +23,7 @@ import torch
 from models.base import ReplyTurn, TextTurn, ThinkerToken
 from models.kv import SlotKV
 from models.prefix_cache import PrefixCache
+from models.qwen3_omni import compat
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
@@ -49,7 +50,7 @@ class Thinker:
     ) -> None:
         """`version` identifies the language model's weights (`models.fingerprint`)."""
         self.module = model.thinker
-        self.lm = model.thinker.model.language_model
+        self.lm = compat.thinker_parts(model).text
         self.tokenizer = tokenizer
         self.kv, self.talker, self.options = kv, talker, options
         self.device, self.dtype = device, dtype
@@ -302,7 +303,7 @@ class Thinker:
             inputs_embeds=embeds,
             attention_mask=kv.mask,
             position_ids=positions.to(self.device),
-            cache=kv,
+            **{compat.THINKER_CACHE: kv},
             use_cache=True,
             visual_pos_masks=visual.to(self.device) if deep else None,
             deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
