@@ -9,7 +9,7 @@ import pytest
 
 from duplex.engine.thinker_text import CallArguments, CallDone, CallStarted
 from duplex.transport.effects import EngineCommit, EngineInstruct, EnginePushText, Send
-from duplex.transport.realtime.mcp import CallTool, ListTools
+from duplex.transport.realtime.mcp import MAX_FOLLOW_UPS, CallTool, ListTools
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 from duplex.transport.realtime.session_config import SessionSettings
 
@@ -301,3 +301,29 @@ def test_headers_reach_no_event_no_record_and_no_repr():
     assert "mcp_headers" not in config and SessionSettings.from_record(config).mcp_headers == {}
     assert "Authorization" not in json.dumps(
         [e.spec.tools for e in of(effects, EngineCommit)] + [commit.spec.tools])
+
+
+def test_the_server_asks_for_at_most_max_follow_ups_replies_in_a_row():
+    """A model that calls a tool in every reply the server asks for stops being asked."""
+    p = make()
+    listed(p)
+    commit = create(p, tool_choice={"type": "mcp", "server_label": "calc", "name": "add"})
+    follow_ups = 0
+    while commit is not None:
+        [run] = of(call(p, commit.epoch, "add", '{"a": 1, "b": 1}'), CallTool)
+        p.on_mcp_called(run.item_id, "2", None)
+        p.on_engine_finished(commit.epoch)
+        after = p.release_output(0)
+        assert "response.done" in types(after)
+        commit = next(iter(of(after, EngineCommit)), None)
+        follow_ups += commit is not None
+    assert follow_ups == MAX_FOLLOW_UPS
+
+
+def test_a_resumed_session_lists_its_mcp_servers_again_without_their_headers():
+    p = make()
+    listed(p)
+    items, config = p.snapshot(0)
+    resumed = make()
+    [listing] = of(resumed.resumed("sess_t", items, config), ListTools)
+    assert (listing.server.url, listing.server.headers) == ("http://127.0.0.1:9/mcp", {})
