@@ -53,6 +53,9 @@ _CLOSERS = '}]"'
 _FILL = ',:0{[ntf-123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ. '
 _IN_STRING = "q"
 """Allowed only inside a string (outside, JSON's letters start true, false and null)."""
+CACHED = 256
+"""Schemas and call grammars a vocabulary remembers what it measured of (sessions send the
+same tools reply after reply)."""
 
 
 def forced_names(tool_choice: str | dict[str, Any],
@@ -122,27 +125,49 @@ class Vocabulary:
             for t in range(n_vocab)))
         """The most JSON structures one token can open (1 for a byte-level vocabulary)."""
         self._schemas: dict[str, tuple[str, int]] = {}
+        self._needs: dict[tuple[str, tuple[str, ...], bool], tuple[int, ...]] = {}
 
     def tokens(self, text: str) -> list[int]:
         return self.tokenizer.tokenize_str(text)
+
+    def needs(self, grammar: str, names: tuple[str, ...], opened: bool) -> tuple[int, ...]:
+        """Per name, the tokens of the shortest call of it that `grammar` allows."""
+
+        def measure() -> tuple[int, ...]:
+            import llguidance
+
+            start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+            out = []
+            for name in names:
+                head = self.tokens(f'{"" if opened else OPEN}\n{{"name": {json.dumps(name)}, '
+                                   '"arguments": ')
+                m = start.deep_copy()
+                m.consume_tokens(head)
+                path = closing(self, m, ends_turn=not opened)
+                out.append(len(head) + (len(path) if path is not None else 0))
+            return tuple(out)
+
+        return _remember(self._needs, (grammar, names, opened), measure)
 
     def checked(self, tool: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
         """The tool's arguments schema, and the most tokens one token can add to what a call
         of it needs to end; a schema llguidance cannot compile is replaced by any object."""
         name = tool["name"]
         schema = arguments_schema(tool)
-        key = json.dumps(schema, sort_keys=True)
-        if key not in self._schemas:
+
+        def check() -> tuple[str, int]:
             import llguidance
 
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
             problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+            held = schema
             if problem:
                 log.warning("tool %r: its parameters cannot constrain a call (%s); its "
                             "arguments are held to a JSON object", name, problem)
-                schema = {"type": "object"}
-            self._schemas[key] = (json.dumps(schema), self._growth(schema))
-        text, growth = self._schemas[key]
+                held = {"type": "object"}
+            return json.dumps(held), self._growth(held)
+
+        text, growth = _remember(self._schemas, json.dumps(schema, sort_keys=True), check)
         return name, json.loads(text), growth
 
     def _growth(self, schema: dict[str, Any]) -> int:
@@ -172,6 +197,14 @@ class Vocabulary:
             if isinstance(node.get("items"), dict):
                 longest = max(longest, comma + shortest(node["items"]))
         return self.per_token * longest
+
+
+def _remember(cache: dict, key, make):
+    if key not in cache:
+        if len(cache) >= CACHED:
+            del cache[next(iter(cache))]
+        cache[key] = make()
+    return cache[key]
 
 
 def closing(vocab: Vocabulary, matcher, ends_turn: bool) -> list[int] | None:
@@ -224,18 +257,11 @@ class CallForcing:
         head = "" if opened else f"{json.dumps(OPEN)} "
         lark = f'start: {head}"\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(call)}\n'
         self._vocab, self.ends_turn = vocab, not opened
-        self._m = llguidance.LLMatcher(vocab.tokenizer,
-                                       llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        self._m = llguidance.LLMatcher(vocab.tokenizer, grammar, log_level=0)
         if self._m.is_error():
             raise ValueError(f"tool call grammar: {self._m.get_error()}")
-        heads = [vocab.tokens(f'{"" if opened else OPEN}\n{{"name": {json.dumps(name)}, '
-                              '"arguments": ') for name in names]
-        needs = []
-        for tokens in heads:
-            m = self._m.deep_copy()
-            m.consume_tokens(tokens)
-            path = closing(vocab, m, self.ends_turn)
-            needs.append(len(tokens) + (len(path) if path is not None else 0))
+        needs = vocab.needs(grammar, tuple(names), opened)
         self.overhead = max(needs)
         """Tokens of the longest shortest call (its end of turn included when it ends one)."""
         self.growth = max([g for _, _, g in checked] + [max(needs) - min(needs) + 1])
