@@ -90,8 +90,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         param, message = schema.first_problem(exc, prefix)
-        raise ConfigError("invalid_value", message + _naming_tool(data, param, prefix),
-                          param) from None
+        if tool := _naming_tool(data, param, prefix):
+            message = f"{message.removesuffix('.')}{tool}."
+        raise ConfigError("invalid_value", message, param) from None
 
 
 def _naming_tool(data: Any, param: str, prefix: str) -> str:
