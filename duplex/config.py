@@ -93,6 +93,9 @@ class RealtimeSettings(_Section):
     """Reply audio is sent at most this far ahead of the listener's playback."""
     max_errors: int = Field(100, ge=1)
     """Errors one connection may cause before it is closed with 1008."""
+    mcp_timeout_s: float = Field(30.0, gt=0, le=600)
+    """How long an MCP server may take to list its tools or answer a call (the server's own
+    MCP client, for `{type: "mcp"}` tools); then the listing or call fails."""
 
 
 class IceServer(_Section):

@@ -148,6 +148,7 @@ def create_app(settings: Settings) -> Starlette:
         max_input_lead_ms=rs.max_input_lead_ms,
         output_lead_ms=rs.output_lead_ms,
         max_errors=rs.max_errors,
+        mcp_timeout_s=rs.mcp_timeout_s,
     )
     calls = CallRegistry(
         lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,

@@ -88,9 +88,27 @@ class TranscriptReady:
     """A duplex.transcription.TranscriptionResult."""
 
 
+@dataclass(frozen=True, slots=True)
+class McpListed:
+    """An MCP server's tools (or why there are none) for the listing item `item_id`."""
+
+    item_id: str
+    tools: list[dict[str, Any]] | None
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class McpCalled:
+    """An MCP tool's output (or why there is none) for the call item `item_id`."""
+
+    item_id: str
+    output: str | None
+    error: dict[str, Any] | None
+
+
 Message = (
     PeerText | PeerBytes | EngineOutput | SpeechProbs | Tick | CarrierGone | Shutdown
-    | MediaAudio | MediaFrame | Fenced | TranscriptReady
+    | MediaAudio | MediaFrame | Fenced | TranscriptReady | McpListed | McpCalled
 )
 
 _URGENT = (SpeechProbs, CarrierGone, Shutdown, Fenced)

@@ -248,6 +248,7 @@ class Qwen3OmniAdapter(DuplexModel):
         tools = () if spec.tool_choice == "none" else spec.tools
         self._thinker.begin(sess, spec.instructions, tools)
         sess.forcing = self._thinker.forcing(spec.tool_choice, spec.tools)
+        sess.call_tools = tools
         sess.token_limit = self.options.max_text_tokens + (
             sess.forcing.overhead if sess.forcing else 0)
         sess.budget = min(sess.token_limit, spec.max_output_tokens or sess.token_limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -64,7 +65,12 @@ class Session:
     temperature: float | None = None
     """This reply's; None for the adapter's own Thinker sampling."""
     forcing: CallForcing | None = None
-    """This reply's tool_choice constraint ("required" or a named function); None: free."""
+    """The tool call this reply is writing to its grammar (forced by its tool_choice, or
+    opened by the model); None: free."""
+    call_tools: tuple[dict[str, Any], ...] = ()
+    """The tools this reply was offered: a call it opens itself follows their schemas."""
+    call_tail: str = ""
+    """The end of the reply's text, where a call's opening tag is looked for."""
     token_limit: int = 0
     """Thinker tokens after which the adapter ends this reply (a forced call's own tokens
     come on top of the adapter's reply length)."""
@@ -130,6 +136,7 @@ class Session:
         if self.codec_row is not None:
             self.pools.codec.release(self.codec_row, self.sid)
         self.responding, self.thinker_done, self.forcing = False, True, None
+        self.call_tools, self.call_tail = (), ""
         self.talker_slot, self.talker_pos, self.codec_row = None, 0, None
         self.talker_prefix, self.last_codes = None, None
         self.text_queue.clear()

@@ -28,7 +28,7 @@ from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
-from models.tool_forcing import CallForcing, forced_names
+from models.tool_forcing import OPEN, CallForcing, CallMasks, Vocabulary, forced_names
 
 
 class ContextTooLong(ValueError):
@@ -59,6 +59,9 @@ class Thinker:
         vocab = model.config.thinker_config.text_config.vocab_size
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
         self.prefix_cache, self.version = prefix_cache, version
+        self.vocab_size = vocab
+        self._vocabulary: Vocabulary | None = None
+        self.masks = CallMasks(vocab, device)
         self.positions = 0
         """Positions computed by forwards since the Thinker was made (prefix cache hits not)."""
 
@@ -78,10 +81,30 @@ class Thinker:
         names = forced_names(tool_choice, tools)
         if not names:
             return None
-        return CallForcing(names, self._encode, self.ids["im_end"])
+        return CallForcing(self.vocabulary(), tools, names)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def vocabulary(self) -> Vocabulary:
+        """Built at the first call a reply makes, not with the model: most sessions make none."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.tokenizer, self.vocab_size, self.ids["im_end"])
+        return self._vocabulary
+
+    def _watch_call(self, sess: Session, text: str) -> None:
+        """A reply that opens a call of its own writes it to its tools' schemas from there."""
+        if sess.forcing is not None or not sess.call_tools:
+            return
+        sess.call_tail = (sess.call_tail + text)[-4 * len(OPEN):]
+        at = sess.call_tail.find(OPEN)
+        if at < 0:
+            return
+        written = sess.call_tail[at + len(OPEN):]
+        sess.call_tail = ""
+        vocab = self.vocabulary()
+        forcing = CallForcing(vocab, sess.call_tools, [t["name"] for t in sess.call_tools],
+                              opened=True)
+        for token in vocab.tokens(written) if written else ():
+            forcing.advance(token)
+        sess.forcing = None if forcing.broken else forcing
 
     def _system_text(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> str:
         return render_system(instructions or self.options.system_prompt or "", tools)
@@ -366,8 +389,7 @@ class Thinker:
             for b, sess in enumerate(active):
                 if len(sess.token_ids) < opts.min_text_tokens:
                     logits[b, self.eos_ids] = -math.inf
-                if sess.forcing is not None:
-                    self._constrain(logits, raw, b, sess)
+            self._constrain(logits, raw, active)
             base = opts.thinker_sampling
             samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
                          for s in active]
@@ -375,7 +397,9 @@ class Thinker:
             conditioning = self.talker.conditioning(embed(tokens))
             for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
                 if sess.forcing is not None:
-                    sess.forcing.advance(tok, self.tokenizer.decode([tok]))
+                    sess.forcing.advance(tok)
+                    if sess.forcing.broken or sess.forcing.finished and not sess.forcing.ends_turn:
+                        sess.forcing = None
                 sess.last_token = tok
                 is_eos = tok in self.ids["eos"]
                 sess.token_ids.append(tok)
@@ -386,23 +410,19 @@ class Thinker:
                              "cached_tokens": sess.cached, "truncated_tokens": sess.dropped,
                              "truncation": sess.truncation.type}
                     sess.dropped = 0
-                results[id(sess)] = ThinkerToken(
-                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok, usage
-                )
+                text = self._detokenize(sess)
+                self._watch_call(sess, text)
+                results[id(sess)] = ThinkerToken(text, conditioning[b], sess.thinker_done, tok,
+                                                 usage)
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 
-    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, b: int, sess: Session) -> None:
-        """Row `b` keeps only the tokens the reply's forced call allows, with the model's own
-        scores (so sampling still chooses among tool names), the suppressed ones included:
-        a forced token is the template's, even where free text may not write it."""
-        allowed = sess.forcing.allowed(sess.budget - len(sess.token_ids))
-        if allowed is None:
-            # Free arguments, but the turn does not end before the call does.
-            logits[b, self.eos_ids] = -math.inf
-            return
-        keep = torch.tensor(allowed, device=logits.device)
-        logits[b] = -math.inf
-        logits[b, keep] = raw[b, keep]
+    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor,
+                   active: list[Session]) -> None:
+        """Rows writing a tool call keep only the tokens its grammar allows (`CallMasks`)."""
+        rows = [(b, sess.forcing, sess.budget - len(sess.token_ids))
+                for b, sess in enumerate(active) if sess.forcing is not None]
+        if rows:
+            self.masks.apply(logits, raw, rows)
 
     def _text_tokens(self, turn: TextTurn) -> list[int]:
         """A tool's output goes in the user turn inside the template's tool_response tags."""

@@ -245,9 +245,12 @@ def test_beta_session_updated_echoes_its_own_spellings():
 
 
 @pytest.mark.parametrize("session, param", [
-    ({"tools": [{"type": "mcp", "name": "x"}]}, "session.tools.0.type"),
+    ({"tools": [{"type": "computer", "name": "x"}]}, "session.tools.0"),
+    ({"tools": [{"type": "mcp", "name": "x"}]}, "session.tools.0.server_label"),
     ({"tools": [{"type": "function", "name": "has space"}]}, "session.tools.0.name"),
     ({"tool_choice": "sometimes"}, "session.tool_choice"),
+    ({"tool_choice": {"type": "mcp", "server_label": "missing"}},
+     "session.tool_choice.server_label"),
     ({"tool_choice": {"type": "function", "name": "missing"}}, "session.tool_choice.name"),
     ({"max_output_tokens": 0}, "session.max_output_tokens"),
     ({"max_output_tokens": 5000}, "session.max_output_tokens"),

@@ -1,6 +1,7 @@
 """The conversation items a client handles: create (messages with text, audio or an image;
-function calls and their outputs), delete, retrieve, and truncate (an assistant's audio cut
-where the listener stopped hearing it, with its transcript)."""
+function calls and their outputs; answers to MCP approval requests), delete, retrieve, and
+truncate (an assistant's audio cut where the listener stopped hearing it, with its
+transcript)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import EventWriter
 from duplex.transport.realtime.input_audio import InputAudio
+from duplex.transport.realtime.mcp import McpTools
 from duplex.transport.realtime.replies import Replies
 
 
 class Items:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
                  input_audio: InputAudio, replies: Replies,
-                 cancel: Callable[[list, str], None]) -> None:
+                 cancel: Callable[[list, str], None], mcp: McpTools) -> None:
         self.clock = clock
         self.core = clock.core
         self.events = events
@@ -35,6 +37,7 @@ class Items:
         self.input = input_audio
         self.replies = replies
         self.cancel = cancel
+        self.mcp = mcp
 
     def _find(self, item_id: str) -> Item:
         item = self.conversation.find(item_id)
@@ -65,6 +68,11 @@ class Items:
         elif isinstance(item, schema.FunctionCallItem):
             record = Item(item_id, type="function_call", call_id=item.call_id, name=item.name,
                           arguments=item.arguments)
+        elif isinstance(item, schema.McpApprovalResponseItem):
+            self.mcp.check_approval(item.approval_request_id)
+            record = Item(item_id, type="mcp_approval_response",
+                          approval_request_id=item.approval_request_id, approve=item.approve,
+                          reason=item.reason)
         else:
             if not any(i.type == "function_call" and i.call_id == item.call_id
                        for i in self.conversation):
@@ -80,6 +88,8 @@ class Items:
                          previous_item_id=previous)
         self.events.emit(out, "conversation.item.done", item=record.as_wire(),
                          previous_item_id=previous)
+        if record.type == "mcp_approval_response":
+            self.mcp.on_approval(out, record, self.replies.active)
 
     def _message(self, out: list, item_id: str, item: schema.MessageItem) -> Item:
         first = item.content[0] if item.content else None

@@ -11,7 +11,8 @@ PCM; G.711's 8 kHz is resampled onto it), so audio_start_ms and audio_end_ms are
 This module parses and dispatches client events (by the `_HANDLERS` table), applies session
 settings and answers errors; each concept has a part of its own that the protocol composes:
 the input side (input_audio.py), turn detection (turns.py), conversation items (items.py),
-replies (replies.py), native duplex (native_duplex.py) and what a resume reads (resume.py).
+replies (replies.py), MCP tools the server runs (mcp.py), native duplex (native_duplex.py) and
+what a resume reads (resume.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.input_audio import InputAudio, Transcribe
 from duplex.transport.realtime.items import Items
+from duplex.transport.realtime.mcp import MAX_FOLLOW_UPS, CallTool, ListTools, McpTools
 from duplex.transport.realtime.native_duplex import NativeDuplex
 from duplex.transport.realtime.replies import Replies
 from duplex.transport.realtime.resume import ResumeSession
@@ -77,7 +79,7 @@ Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
-    | InterruptionJudged
+    | InterruptionJudged | ListTools | CallTool
 )
 
 
@@ -89,6 +91,8 @@ class Limits:
     output_lead_ms: int = 200
     max_errors: int = 100
     """Errors one connection may cause before it is closed (1008) as abusive."""
+    mcp_timeout_s: float = 30.0
+    """How long the server waits for an MCP server to list its tools or answer a call."""
 
 
 class RealtimeProtocol:
@@ -138,7 +142,8 @@ class RealtimeProtocol:
         self._apply_interruption()
         self.events = EventWriter(beta)
         self.conversation = Conversation()
-        self.replies = Replies(self.clock, self.events, self.conversation, self.voices,
+        self.mcp = McpTools(self.events, self.conversation, self._follow_up)
+        self.replies = Replies(self.clock, self.events, self.conversation, self.voices, self.mcp,
                                media_track=media_track, conversation_id=_conversation_id(session_id))
         self.input = InputAudio(self.clock, self.events, self.conversation, lambda: self.settings,
                                 max_lead_ms=self.limits.max_input_lead_ms,
@@ -148,7 +153,7 @@ class RealtimeProtocol:
         self.duplex = NativeDuplex(self.clock, self.events, self.replies, native=native_duplex,
                                    models=duplex_models, model=model, beta=beta)
         self.items = Items(self.clock, self.events, self.conversation, self.input, self.replies,
-                           self.duplex.cancel)
+                           self.duplex.cancel, self.mcp)
         self.errors = 0
         self.client_events = 0
         self.closed = False
@@ -199,13 +204,14 @@ class RealtimeProtocol:
         out: list[Effect] = []
         self._emit(out, "session.created", session=self._session_with_token())
         self._instruct(out)
+        self.mcp.sync(out, self.settings)
         self.duplex.sync(out, self.turn_detection)
         return out
 
     def _instruct(self, out: list[Effect]) -> None:
         """Tell the engine the session's instructions and tools when they change, so the
         model can place its system turn before any input (see `DuplexModel.instruct`)."""
-        told = (self.settings.instructions, self.settings.tools)
+        told = (self.settings.instructions, self.mcp.offered(self.settings.tools))
         if told != self._told_instructions:
             self._told_instructions = told
             out.append(EngineInstruct(*told))
@@ -323,9 +329,11 @@ class RealtimeProtocol:
             fields["rebuilt_context"] = context
         self._emit(out, "session.resumed", **fields)
         if context is not None and context["items"]:
-            self._told_instructions = (self.settings.instructions, self.settings.tools)
+            self._told_instructions = (self.settings.instructions,
+                                       self.mcp.offered(self.settings.tools))
         else:
             self._instruct(out)
+        self.mcp.sync(out, self.settings)
         self.duplex.sync(out, self.turn_detection)
         return out
 
@@ -388,6 +396,7 @@ class RealtimeProtocol:
                                 "session.audio.output.format")
         self._set_settings(new)
         self._emit(out, "session.updated", session=self.session_object())
+        self.mcp.sync(out, new)
         self._instruct(out)
         self.duplex.sync(out, self.turn_detection)
 
@@ -432,6 +441,7 @@ class RealtimeProtocol:
             if settings.voice != self.settings.voice:
                 self.voices.check(settings.voice, "response.voice" if self.beta
                                   else "response.audio.output.voice")
+            settings = self.mcp.resolve(settings, strict=True)
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
         self.replies.start(out, settings)
@@ -488,6 +498,32 @@ class RealtimeProtocol:
         if not self.closed:
             self.replies.on_tool_call(out, epoch, piece)
         return out
+
+    def on_mcp_listed(self, item_id: str, tools: list[dict[str, Any]] | None,
+                      error: dict[str, Any] | None) -> list[Effect]:
+        """What an MCP server listed (or why it could not), for `ListTools`."""
+        out: list[Effect] = []
+        if not self.closed:
+            self.mcp.on_listed(out, item_id, tools, error)
+            self._instruct(out)
+        return out
+
+    def on_mcp_called(self, item_id: str, output: str | None,
+                      error: dict[str, Any] | None) -> list[Effect]:
+        """What an MCP tool answered (or why it did not), for `CallTool`."""
+        out: list[Effect] = []
+        if not self.closed:
+            self.mcp.on_called(out, item_id, output, error, self.response)
+        return out
+
+    def _follow_up(self, out: list[Effect], depth: int) -> None:
+        """The reply the server asks for after MCP calls, so the model speaks with their
+        results (none while another reply runs, in native duplex, or past MAX_FOLLOW_UPS)."""
+        if self.closed or self.response is not None or self.segments is not None \
+                or depth > MAX_FOLLOW_UPS:
+            return
+        settings = response_settings(self.settings, None, self.beta)
+        self.replies.start(out, replace(settings, tool_choice="auto", follow_up=depth))
 
     def on_engine_failed(self, message: str) -> list[Effect]:
         """The model failed on this session: say so, end any reply, close with 1011."""

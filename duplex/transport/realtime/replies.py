@@ -20,6 +20,7 @@ from duplex.transport.core import MediaClock
 from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, PlayAudio
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.mcp import McpTools
 from duplex.transport.realtime.session_config import ResponseSettings, Voices
 
 G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
@@ -27,8 +28,11 @@ G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 class Replies:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 voices: Voices, *, media_track: bool, conversation_id: str) -> None:
+                 voices: Voices, mcp: McpTools, *, media_track: bool,
+                 conversation_id: str) -> None:
         self.clock = clock
+        self.mcp = mcp
+        """The session's MCP tools: offered to each reply, run when it calls them."""
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -44,6 +48,7 @@ class Replies:
 
     def start(self, out: list, settings: ResponseSettings, *, commit: bool = True) -> None:
         """Begin a reply; `commit` asks the engine for it (a duplex model began it itself)."""
+        settings = self.mcp.resolve(settings)
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
         new_id = self.events.new_id
@@ -134,8 +139,9 @@ class Replies:
                          output_index=0, content_index=0, delta=text)
 
     def on_tool_call(self, out: list, epoch: int, piece: Piece) -> None:
-        """A function call the model is writing: its item appears once named, its arguments
-        stream, and it is done (with the raw text as arguments if it was not JSON)."""
+        """A call the model is writing: its item appears once named, its arguments stream,
+        and it is done (a function call with the raw text as arguments if it was not JSON;
+        an MCP tool's call is run, mcp.py)."""
         r = self.active
         if r is None or epoch != r.epoch:
             return
@@ -143,6 +149,9 @@ class Replies:
         if item is None:
             item = self._new_call(out, r, piece.index, getattr(piece, "name", ""))
         output_index = 1 + list(r.calls).index(piece.index)
+        if item.type != "function_call":
+            self.mcp.on_piece(out, r, item, output_index, piece)
+            return
         where = {"response_id": r.id, "item_id": item.id, "output_index": output_index,
                  "call_id": item.call_id}
         if isinstance(piece, CallArguments):
@@ -161,8 +170,9 @@ class Replies:
                 self.events.emit(out, "conversation.item.done", item=item.as_wire())
 
     def _new_call(self, out: list, r: ActiveResponse, index: int, name: str) -> Item:
-        item = Item(self.events.new_id("item"), type="function_call", status="in_progress",
-                    call_id=self.events.new_id("call"), name=name, arguments="")
+        item = self.mcp.new_call(r, name) or Item(
+            self.events.new_id("item"), type="function_call", status="in_progress",
+            call_id=self.events.new_id("call"), name=name, arguments="")
         r.calls[index] = item
         output_index = len(r.calls)
         if r.settings.conversation != "none":
@@ -197,7 +207,7 @@ class Replies:
         if played > self.core.played_samples:
             self.core.handle(cmd.PlaybackAcknowledged(played))
         r = self.active
-        if r is not None and r.engine_done and not self.clock.pacer:
+        if r is not None and r.engine_done and not self.clock.pacer and not r.pending:
             self._finish(out)
 
     def _send_chunk(self, out: list, chunk: ev.OutputChunk, audio: np.ndarray) -> None:
@@ -258,3 +268,4 @@ class Replies:
         if self.media_track and r.audio_started:
             emit(out, "output_audio_buffer.stopped", response_id=r.id)
         self.active = None
+        self.mcp.reply_done(out, r)

@@ -52,6 +52,8 @@ from duplex.transport.effects import (
 from duplex.transport.inbox import (
     EngineOutput,
     Fenced,
+    McpCalled,
+    McpListed,
     MediaAudio,
     MediaFrame,
     Message,
@@ -61,6 +63,8 @@ from duplex.transport.inbox import (
     TranscriptReady,
 )
 from duplex.transport.loop import SessionLoop
+from duplex.transport.realtime import mcp_client
+from duplex.transport.realtime.mcp import CallTool, ListTools
 from duplex.transport.realtime.protocol import (
     RATE,
     Limits,
@@ -126,6 +130,9 @@ class RealtimeSession(SessionLoop):
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media
         """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
+        self.mcp_timeout_s = limits.mcp_timeout_s
+        self._mcp_work: set[asyncio.Task] = set()
+        """MCP listings and calls under way; cancelled when the session ends."""
         self.quota = quota
         self.metrics = metrics
         self.transcriber = transcriber
@@ -189,6 +196,8 @@ class RealtimeSession(SessionLoop):
                                                    self.protocol.input_state()))
 
     async def ended(self) -> None:
+        for task in self._mcp_work:
+            task.cancel()
         if self.keeper is not None:
             await self.keeper.stop()
         held = self.protocol.close()
@@ -299,6 +308,13 @@ class RealtimeSession(SessionLoop):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):
             self._transcribe(effect)
+        elif isinstance(effect, ListTools):
+            self._mcp(mcp_client.list_tools(effect.server, self.mcp_timeout_s),
+                      lambda result: McpListed(effect.item_id, *result))
+        elif isinstance(effect, CallTool):
+            self._mcp(mcp_client.call_tool(effect.server, effect.tool, effect.arguments,
+                                           self.mcp_timeout_s),
+                      lambda result: McpCalled(effect.item_id, *result))
         elif isinstance(effect, InterruptionJudged):
             if self.metrics is not None:
                 self.metrics.count_interruption(effect.confirmed)
@@ -310,6 +326,16 @@ class RealtimeSession(SessionLoop):
         else:
             return await super().carry_out(effect)
         return False
+
+    def _mcp(self, work, message) -> None:
+        """Talk to an MCP server alongside the session; its answer comes through the inbox."""
+
+        async def run() -> None:
+            self.inbox.put(message(await work))
+
+        task = asyncio.create_task(run())
+        self._mcp_work.add(task)
+        task.add_done_callback(self._mcp_work.discard)
 
     def _transcribe(self, effect: Transcribe) -> None:
         item_id = effect.item_id
@@ -398,5 +424,7 @@ _MESSAGES: dict[type, Callable[[RealtimeSession, Any], list]] = {
     MediaFrame: lambda s, m: s.protocol.receive_video_frame(m.frame, m.pts_sample),
     Fenced: RealtimeSession._fenced,
     TranscriptReady: RealtimeSession._transcript,
+    McpListed: lambda s, m: s.protocol.on_mcp_listed(m.item_id, m.tools, m.error),
+    McpCalled: lambda s, m: s.protocol.on_mcp_called(m.item_id, m.output, m.error),
 }
 """What only a Realtime session takes; the rest goes to SessionLoop."""
