@@ -6,12 +6,12 @@
   budget in the Thinker pool, its longest audio in the Talker pool. They are reserved for it,
   so a reply in progress never runs short; what it leaves unused goes back when it ends.
   Otherwise it fails at once with `server_full`.
-- Between replies a context grows into free blocks. A session's share is the Thinker pool
-  divided among the live sessions: a context past its share is cut by its own truncation
-  policy when it grows, and when a session within its share finds no free block, sessions
-  past theirs are cut first. A policy of `disabled` is never cut: its input is refused, and its
-  reply fails with `context_length_exceeded` (past the context limit) or `server_full` (past
-  the memory).
+- A context grows into free blocks. A session's share is the Thinker pool divided among the
+  live sessions: a context that would outgrow its share is cut by its own truncation policy,
+  and when a session within its share finds no free block, sessions past theirs are cut first.
+  A policy of `disabled` is never cut: past its share (or the context limit) its input is
+  refused and its reply fails with `context_length_exceeded`; a session within its share for
+  which no block can be freed has its input refused and its reply fails with `server_full`.
 
 Cutting follows the session's `truncation`: the positions after its system turn (`keep`) go,
 oldest first, until the context is as long as the policy leaves it (`cut`).
@@ -122,11 +122,15 @@ class KVMemory:
 
     def begin_reply(self, sess: Session, audio: bool) -> bool:
         """Reserve what the reply may need: its pending input and token budget in the Thinker
-        pool, and its audio in the Talker's; False (reserving nothing) when they are not
-        there."""
-        kv = self.thinker
-        pending = sum(p.embeds.shape[0] for p in sess.pending)
-        need = kv.blocks_needed(sess.thinker_slot, pending + sess.budget)
+        pool (up to the session's share: a context that would outgrow it is cut first, by its
+        own policy), and its audio in the Talker's; False (reserving nothing) when they are
+        not there."""
+        kv, slot = self.thinker, sess.thinker_slot
+        positions = sum(p.embeds.shape[0] for p in sess.pending) + sess.budget
+        room = self.share_positions(sess)
+        if kv.length[slot] + positions > room and sess.truncation.type != "disabled":
+            cut(kv, sess, room, positions)
+        need = kv.blocks_needed(slot, min(positions, max(0, room - kv.length[slot])))
         if need > kv.available and not self._make_room(sess, need):
             return False
         kv.reserve(sess.sid, need)
@@ -145,8 +149,11 @@ class KVMemory:
         thinker_need, talker_need = self.session_blocks()
         kv = self.thinker
         by_share = kv.blocks_total // thinker_need - len(self.sessions)
-        admissible = max(0, min(kv.available // thinker_need, by_share,
-                                self.talker.available // talker_need))
+        admissible = max(0, min(kv.available // thinker_need, by_share))
+        # The Talker's blocks are a reply's only while it speaks: a session is refused when
+        # not even one more reply would find them, not counted against them.
+        if self.talker.available < talker_need:
+            admissible = 0
         return {THINKER: _stats(kv, thinker_need, admissible),
                 TALKER: _stats(self.talker, talker_need, admissible)}
 

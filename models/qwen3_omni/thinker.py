@@ -236,20 +236,20 @@ class Thinker:
     def _fits(self, sess: Session) -> bool:
         """Make room for the session's pending positions as its truncation policy says, within
         its context limit and its share of the KV memory; False when there is none to make:
-        the pending input is refused (`full` past the limit, `kv_full` past the memory)."""
+        the pending input is refused (`full` past the limit or the share, `kv_full` when no
+        block can be freed for it)."""
         self._open_slot(sess)
         n = sum(p.embeds.shape[0] for p in sess.pending)
         length, limit = self.kv.length[sess.thinker_slot], self._limit(sess)
-        share = self.memory.share_positions(sess)
-        room = min(limit, share)
+        room = min(limit, self.memory.share_positions(sess))
         if length + n > room:
             if sess.truncation.type == "disabled":
-                return self._refuse(sess, memory=length + n <= limit)
+                return self._refuse(sess, memory=False)
             if n > limit - sess.keep:
                 raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - sess.keep} "
                                      "evictable")
             if not cut(self.kv, sess, room, n):
-                return self._refuse(sess, memory=True)
+                return self._refuse(sess, memory=False)
         return self.memory.fits(sess, n) or self._refuse(sess, memory=True)
 
     @staticmethod

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.kv import KVBatch, SlidingKV, SlotOwnershipError
-from models.paged_attention import attention
+from models.paged_attention import Q_BLOCK, attention
 from models.paged_kv import KVExhausted, PagedKV
 
 
@@ -166,3 +166,34 @@ def test_reservations_keep_blocks_for_their_owner():
     assert kv.reserved == {"a": 1} and kv.available == 0
     kv.release(a, "a")
     assert kv.reserved == {} and kv.available == 3
+
+
+def test_the_block_mask_lists_every_block_a_query_reads_and_no_other():
+    """What the GPU's kernel visits: for each query block, the blocks `mask_mod` opens at all
+    (listed), those it opens entirely as full (no mask inside), and blocks of other rows never.
+    Checked against `mask_mod` itself, over every position of the pool."""
+    kv = pool("flex", blocks=40)
+    a, b, c = (kv.acquire(name) for name in "abc")
+    kv.bind([a, b], ["a", "b"], [5, 2 * BLOCK + 3]).commit()
+    for new in ([1, 1, Q_BLOCK + 40], [1, 2, 1]):
+        bound = kv.bind([a, b, c], ["a", "b", "c"], new)
+        mask = bound.mask
+        q, positions = max(new), kv.keys.shape[2]
+        n_q = -(-q // Q_BLOCK)
+        for row in range(3):
+            q_idx = torch.arange(q)[:, None]
+            kv_idx = torch.arange(positions)[None]
+            opens = mask.mask_mod(torch.tensor(row), torch.tensor(0), q_idx, kv_idx)
+            for qb in range(n_q):
+                # (queries of the block, pool blocks, positions of a block)
+                block_rows = opens[qb * Q_BLOCK : (qb + 1) * Q_BLOCK].view(-1, kv.blocks_total + 1,
+                                                                            BLOCK)
+                any_open, all_open = block_rows.any(2).any(0), block_rows.all(2).all(0)
+                n_partial, n_full = mask.kv_num_blocks[row, 0, qb], mask.full_kv_num_blocks[row, 0, qb]
+                partial = set(mask.kv_indices[row, 0, qb, :n_partial].tolist())
+                full = set(mask.full_kv_indices[row, 0, qb, :n_full].tolist())
+                assert not partial & full
+                assert set(torch.nonzero(any_open).flatten().tolist()) <= partial | full
+                assert all(all_open[block] for block in full)
+                assert partial | full <= set(kv.rows[[a, b, c][row]])
+        bound.commit()

@@ -87,6 +87,23 @@ def test_a_shared_prefix_replies_as_an_unshared_prefill_and_costs_no_prefill(mak
     assert unshared.prefix_cache.stats().entries == 0
 
 
+def test_cached_tokens_are_those_served_from_the_prefix_cache(make):
+    ad = make(PrefixCache(64 << 20))
+    keep = head_length(ad, PROMPT)
+
+    def cached(sid: str) -> int:
+        st = ad.new_state(sid)
+        ad.instruct(st, PROMPT, ())
+        ad.thinker_prefill([st], [TextTurn("when is the next train")])
+        ad.begin_response(st, GREEDY)
+        usage = ad.thinker_decode([st])[0].usage
+        ad.free(st)
+        return usage["cached_tokens"]
+
+    # The first session computes its head (nothing was served), the next takes it.
+    assert [cached("first"), cached("second")] == [0, keep]
+
+
 def test_sessions_in_one_batch_with_alike_and_other_prompts(make):
     other = "Speak like a station announcer."
     prompts = [PROMPT, other, PROMPT]
