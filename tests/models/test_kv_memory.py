@@ -14,11 +14,12 @@ from models.qwen3_omni.tiny import load_preprocessor
 from models.reply import ReplySpec, Truncation
 
 OPTIONS = Qwen3OmniOptions(min_text_tokens=2, max_text_tokens=8, min_frames=2, max_frames=6,
-                           max_context=256, talker_context=32)
+                           max_context=256, talker_context=10)
 THINKER_POSITION, TALKER_POSITION = 768, 256
 """Bytes of one position of the tiny model's Thinker and Talker KV (float32)."""
-TWO_SESSIONS = 2 * (256 * THINKER_POSITION + (32 + 16 + 6) * TALKER_POSITION)
-"""A budget of two sessions at full context: 8 Thinker blocks and 1 Talker block."""
+TWO_SESSIONS = 2 * (256 * THINKER_POSITION + (10 + 16 + 6) * TALKER_POSITION)
+"""A budget of two sessions at full context: 8 Thinker blocks and 1 Talker block (of 64
+positions; a reply takes 32 at most)."""
 AUTO, DISABLED = Truncation("auto"), Truncation("disabled")
 
 
