@@ -447,7 +447,8 @@ def split_budget(total_bytes: int, position_bytes: tuple[int, ...],
                  positions: tuple[int, ...], block_size: int = BLOCK_SIZE) -> tuple[int, ...]:
     """Blocks of each pool from one byte budget, split so that every pool holds the same
     number of sessions at its `positions` (a full context, a full reply), and at least one."""
-    per_session = sum(b * p for b, p in zip(position_bytes, positions, strict=True))
+    blocks = [-(-p // block_size) for p in positions]
+    per_session = sum(b * n * block_size for b, n in zip(position_bytes, blocks, strict=True))
     sessions = max(1.0, total_bytes / max(per_session, 1))
-    return tuple(math.ceil(sessions * p / block_size - 1e-9) for p in positions)
+    return tuple(math.ceil(sessions * n - 1e-9) for n in blocks)
 

@@ -48,23 +48,22 @@ def test_sessions_and_replies_are_admitted_by_kv_memory(tiny_omni_dir):
         with pytest.raises(AdmissionRefused, match="KV memory is full") as refused:
             engine.open("c", sinks["c"])
         assert refused.value.limit == "engine.kv_memory"
-        # The Talker pool holds one reply's audio: of two asked together, one waits its turn
-        # by failing with server_full, and is answered when asked again.
-        for sid in "ab":
+        # The Talker pool holds two replies' audio: of three asked together, one fails with
+        # server_full (and is answered when asked again).
+        engine.close("b")
+        assert engine.wait_idle()
+        for sid in "bc":
+            engine.open(sid, sinks[sid])
+        for sid in "abc":
             engine.push_text(sid, "y")
             sinks[sid].done.clear()
             engine.commit(sid, 0, ReplySpec(temperature=0.0))
-        for sid in "ab":
+        for sid in "abc":
             assert sinks[sid].done.wait(60)
-        reasons = sorted(sinks[sid].finished[-1].reason for sid in "ab")
-        assert reasons == ["completed", "server_full"]
-        again = next(sid for sid in "ab" if sinks[sid].finished[-1].reason == "server_full")
+        reasons = sorted(sinks[sid].finished[-1].reason for sid in "abc")
+        assert reasons == ["completed", "completed", "server_full"]
+        again = next(sid for sid in "abc" if sinks[sid].finished[-1].reason == "server_full")
         assert reply(engine, again, sinks[again], audio=True).reason == "completed"
-        engine.close("b")
-        assert engine.wait_idle()
-        engine.open("c", sinks["c"])
-        engine.push_text("c", "hello")
-        assert reply(engine, "c", sinks["c"]).reason == "completed"
         assert not any(sink.failed for sink in sinks.values())
     finally:
         engine.stop()

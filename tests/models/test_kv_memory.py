@@ -17,9 +17,9 @@ OPTIONS = Qwen3OmniOptions(min_text_tokens=2, max_text_tokens=8, min_frames=2, m
                            max_context=256, talker_context=10)
 THINKER_POSITION, TALKER_POSITION = 768, 256
 """Bytes of one position of the tiny model's Thinker and Talker KV (float32)."""
-TWO_SESSIONS = 2 * (256 * THINKER_POSITION + (10 + 16 + 6) * TALKER_POSITION)
-"""A budget of two sessions at full context: 8 Thinker blocks and 1 Talker block (of 64
-positions; a reply takes 32 at most)."""
+TWO_SESSIONS = 2 * (256 * THINKER_POSITION + 64 * TALKER_POSITION)
+"""A budget of two sessions at full context: 8 Thinker blocks and 2 Talker blocks (of 64
+positions; a reply takes 10 + 16 + 6 at most, in one)."""
 AUTO, DISABLED = Truncation("auto"), Truncation("disabled")
 
 
@@ -31,7 +31,7 @@ def make(tiny_omni_dir):
     def build() -> Qwen3OmniAdapter:
         ad = Qwen3OmniAdapter(loaded.model, loaded.tokenizer, prep, options=OPTIONS,
                               kv_memory=TWO_SESSIONS)
-        assert (ad._pools.thinker.blocks_total, ad._pools.talker.blocks_total) == (8, 1)
+        assert (ad._pools.thinker.blocks_total, ad._pools.talker.blocks_total) == (8, 2)
         return ad
 
     return build
@@ -106,19 +106,20 @@ def test_with_truncation_disabled_a_full_pool_refuses_and_says_why(make):
     ad.free(c)
 
 
-def test_one_voiced_reply_at_a_time_when_the_talker_pool_holds_one(make):
+def test_two_voiced_replies_at_a_time_when_the_talker_pool_holds_two(make):
     ad = make()
-    a, b = ad.new_state("a"), ad.new_state("b")
-    for st in (a, b):
+    states = [ad.new_state(sid) for sid in "abc"]
+    for st in states:
         say(ad, st, "hi")
-    ad.begin_response(a, ReplySpec(temperature=0.0))
-    ad.begin_response(b, ReplySpec(temperature=0.0))
-    tokens = ad.thinker_decode([a, b])
-    assert tokens[0].reason is None and tokens[1].reason == "server_full"
-    frames = ad.talker_step([a], [tokens[0]])
-    assert frames[0].codes is not None
-    ad.reset_response(a)
-    assert ad._pools.talker.blocks_used == 0 and ad._pools.talker.reserved == {}
-    assert reply(ad, b, audio=True)[0] is None
-    for st in (a, b):
+        ad.begin_response(st, ReplySpec(temperature=0.0))
+    tokens = ad.thinker_decode(states)
+    assert [t.reason for t in tokens] == [None, None, "server_full"]
+    frames = ad.talker_step(states[:2], tokens[:2])
+    assert all(f.codes is not None for f in frames)
+    ad.reset_response(states[0])
+    # b's reply took the block reserved for it; a's came back with its cancel.
+    assert ad._pools.talker.blocks_used == 1 and ad._pools.talker.reserved == {}
+    assert reply(ad, states[2], audio=True)[0] is None
+    for st in states:
         ad.free(st)
+    assert ad._pools.talker.blocks_used == 0 and ad._pools.talker.reserved == {}
