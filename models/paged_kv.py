@@ -174,7 +174,7 @@ class PagedKV:
 
     def slot_bytes(self, slot: int) -> int:
         """Bytes of the blocks only this slot holds (shared ones are their cache entry's)."""
-        return sum(self.refs[b] == 1 for b in self.rows[slot]) * self.block_bytes
+        return self.private_blocks(slot) * self.block_bytes
 
     def blocks_for(self, positions: int) -> int:
         return -(-positions // self.block_size)
@@ -288,7 +288,7 @@ class PagedKV:
         return new + int(bool(partial) and self.refs[row[length // self.block_size]] > 1)
 
     def private_blocks(self, slot: int) -> int:
-        return sum(self.refs[b] == 1 for b in self.rows[slot])
+        return sum(int(self.refs[b] == 1) for b in self.rows[slot])
 
     def _ensure(self, slot: int, end: int) -> None:
         """Blocks for the slot's positions up to `end`, the one it writes into next its own."""
@@ -443,12 +443,17 @@ class BoundKV:
             self.pool.length[slot] += n
 
 
+def session_bytes(position_bytes: tuple[int, ...], positions: tuple[int, ...],
+                  block_size: int = BLOCK_SIZE) -> int:
+    """Bytes of one session at full length in every pool, in whole blocks."""
+    return sum(b * -(-p // block_size) * block_size
+               for b, p in zip(position_bytes, positions, strict=True))
+
+
 def split_budget(total_bytes: int, position_bytes: tuple[int, ...],
                  positions: tuple[int, ...], block_size: int = BLOCK_SIZE) -> tuple[int, ...]:
     """Blocks of each pool from one byte budget, split so that every pool holds the same
     number of sessions at its `positions` (a full context, a full reply), and at least one."""
-    blocks = [-(-p // block_size) for p in positions]
-    per_session = sum(b * n * block_size for b, n in zip(position_bytes, blocks, strict=True))
+    per_session = session_bytes(position_bytes, positions, block_size)
     sessions = max(1.0, total_bytes / max(per_session, 1))
-    return tuple(math.ceil(sessions * n - 1e-9) for n in blocks)
-
+    return tuple(math.ceil(sessions * -(-p // block_size) - 1e-9) for p in positions)

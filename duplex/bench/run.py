@@ -456,9 +456,9 @@ def table(report: dict) -> str:
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))
     for kv_stage in sorted({s for m in report["modes"].values() for s in m["kv"]}):
-        row(f"kv {kv_stage} at peak: paged / slots / needed MB",
+        row(f"kv {kv_stage} at peak: paged / slots / needed MiB",
             lambda m, st=kv_stage: _kv_cells(m["kv"].get(st)))
-        row(f"kv {kv_stage} at {_mixed_label(report)}: paged / slots / needed MB",
+        row(f"kv {kv_stage} at {_mixed_label(report)}: paged / slots / needed MiB",
             lambda m, st=kv_stage: _kv_cells((m["kv_mixed"] or {}).get("kv", {}).get(st)))
     stages = sorted({s for m in report["modes"].values() for s in m["stages"]})
     for st in stages:

@@ -41,7 +41,7 @@ from models.feature_cache import FeatureCache
 from models.fingerprint import fingerprint
 from models.kv import SlotOwnershipError
 from models.paged_attention import flex_works, use_paged_attention
-from models.paged_kv import PagedKV, split_budget
+from models.paged_kv import PagedKV, session_bytes, split_budget
 from models.prefix_cache import PrefixCache
 from models.qwen3_omni.codec import Code2WavPool, StreamingCode2Wav, offline_decode
 from models.qwen3_omni.encoders import (
@@ -392,8 +392,8 @@ def _kv_pools(config, options: Qwen3OmniOptions, device: str, dtype: torch.dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
     position_bytes = tuple(2 * layers * heads * dim * itemsize for layers, heads, dim in shapes)
     positions = (options.max_context, talker_positions(options))
-    session = sum(b * p for b, p in zip(position_bytes, positions, strict=True))
-    blocks = split_budget(kv_budget(kv_memory, device, session), position_bytes, positions)
+    budget = kv_budget(kv_memory, device, session_bytes(position_bytes, positions))
+    blocks = split_budget(budget, position_bytes, positions)
     cuda = device.startswith("cuda")
     pools = tuple(PagedKV(*shape, device, dtype, n, limit,
                           attention=attention or ("flex" if cuda else "gather"))
