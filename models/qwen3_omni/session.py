@@ -85,7 +85,10 @@ class Session:
     full: bool = False
     """Truncation is disabled and input did not fit: the reply ends without a token."""
     kv_full: bool = False
-    """The KV memory had no room for input, or for this reply: it ends with server_full."""
+    """The KV memory has no room for this reply: it ends with server_full."""
+    lost_input: bool = False
+    """Input was refused for want of KV memory: the next reply ends with server_full, so the
+    user hears why it went unanswered."""
     cached: int = 0
     """Positions of the context taken from the prefix cache instead of computed (its head,
     when a cache entry held it)."""

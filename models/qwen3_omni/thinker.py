@@ -236,7 +236,7 @@ class Thinker:
     def _fits(self, sess: Session) -> bool:
         """Make room for the session's pending positions as its truncation policy says, within
         its context limit and its share of the KV memory; False when there is none to make:
-        the pending input is refused (`full` past the limit or the share, `kv_full` when no
+        the pending input is refused (`full` past the limit or the share, `lost_input` when no
         block can be freed for it)."""
         self._open_slot(sess)
         n = sum(p.embeds.shape[0] for p in sess.pending)
@@ -256,7 +256,7 @@ class Thinker:
     def _refuse(sess: Session, memory: bool) -> bool:
         sess.pending = []
         if memory:
-            sess.kv_full = True
+            sess.lost_input = True
         else:
             sess.full = True
         return False
@@ -371,10 +371,13 @@ class Thinker:
                 embeds = embed(ids)
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
-            for sess in [s for s in active if s.full or s.kv_full or not self._fits(s)]:
+            for sess in [s for s in active if s.full or s.kv_full or s.lost_input
+                         or not self._fits(s)]:
                 sess.thinker_done = True
-                reason = "server_full" if sess.kv_full else "context_length_exceeded"
+                memory = sess.kv_full or sess.lost_input
+                reason = "server_full" if memory else "context_length_exceeded"
                 results[id(sess)] = ThinkerToken("", None, True, reason=reason)
+                sess.lost_input = False
                 self.memory.end_text(sess)
             active = [s for s in active if id(s) not in results]
         if active:
