@@ -148,6 +148,7 @@ class PagedKV:
         """Each block's index in the slots that hold it (shared blocks sit at the same index
         in every holder: they are a common prefix)."""
         self._logical_dev: torch.Tensor | None = None
+        self._logical_staging: _Staging | None = None
         self._logical_version = self._logical_sent = 0
         self.owner: list[str | None] = []
         self.length: list[int] = []
@@ -334,8 +335,9 @@ class PagedKV:
         and move up to fill the gap, and the blocks left empty are given back."""
         end = self.length[slot]
         moved = end - keep - drop
+        # Every block from the one holding `keep` on is the slot's own: it copied a shared one
+        # when it first wrote past `keep`, and positions past `keep` are all it moves.
         if moved > 0:
-            self._ensure(slot, end)  # a shared block at `keep` is copied before the move
             staging = self._staging_for(2 * moved)
             i = staging.take()
             view = staging.views[i]
@@ -358,14 +360,12 @@ class PagedKV:
         """Each block's index in its slots, on the device (-1 for a free block), sent again
         only after it changed."""
         if self._logical_dev is None or self._logical_sent != self._logical_version:
-            if self._logical_dev is None:
-                self._logical_dev = torch.full((self.blocks_total + 1,), -1, dtype=torch.int64,
-                                               device=self.device)
-                self._logical_host = torch.zeros(self.blocks_total + 1, dtype=torch.int64,
-                                                 pin_memory=self.device.type == "cuda")
-                self._logical_view = self._logical_host.numpy()
-            self._logical_view[:] = self.logical
-            self._logical_dev.copy_(self._logical_host, non_blocking=True)
+            if self._logical_staging is None:
+                self._logical_staging = _Staging(self.blocks_total + 1, self.device)
+            staging = self._logical_staging
+            i = staging.take()
+            staging.views[i][:] = self.logical
+            self._logical_dev = staging.send(i, self.blocks_total + 1)
             self._logical_sent = self._logical_version
         return self._logical_dev
 

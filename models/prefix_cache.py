@@ -5,9 +5,10 @@ session whose context starts with the same tokens.
 An entry is a reference to the paged KV blocks (`models.paged_kv`) that hold the head's
 positions: the first session to compute the head keeps a reference to its blocks, later ones
 put the same blocks at the start of their block tables. A session writing past the head into
-its last, partly filled block copies that block first (copy on write), so nothing a session
-computes or evicts ever reaches the cache, and the cache's bytes are the blocks it holds,
-counted once however many sessions share them.
+its last, partly filled block copies that block first (copy on write), so no session writes a
+cached block (the positions past the head in that block, whoever wrote them, are never read
+through the cache: a session's attention stops at its own length), and the cache's bytes are
+the blocks it holds, counted once however many sessions share them.
 
 Keyed by (model version and pool, the head's token ids): the KV of positions 0..n-1 depends on
 nothing else (causal attention, fixed positions), and blocks are only meaningful in their own

@@ -95,11 +95,22 @@ class KVMemory:
         return (shared + self.share()) * kv.block_size
 
     def fits(self, sess: Session, n: int) -> bool:
-        """Whether the Thinker blocks for `n` more positions of the session are there (its own
-        reservation included), after cutting sessions past their share if need be."""
+        """Reserve the Thinker blocks for `n` more positions of the session (beyond what it
+        has reserved), after cutting sessions past their share if need be; False when they
+        are not there. A forward's rows reserve one after another, so together they never
+        take more than there is; the forward gives back what it did not use
+        (`end_forward`)."""
         kv = self.thinker
         need = kv.blocks_needed(sess.thinker_slot, n) - kv.reserved.get(sess.sid, 0)
-        return need <= kv.available or self._make_room(sess, need)
+        if need > kv.available and not self._make_room(sess, need):
+            return False
+        return kv.reserve(sess.sid, need)
+
+    def end_forward(self, sess: Session) -> None:
+        """A forward is done: a session whose reply is not writing text keeps no blocks
+        reserved (a head taken from the prefix cache, say, needed fewer than it reserved)."""
+        if not sess.responding or sess.thinker_done:
+            self.thinker.unreserve(sess.sid)
 
     def _make_room(self, sess: Session, need: int) -> bool:
         """Cut the sessions furthest past their share, by their own policies, until `need`

@@ -328,6 +328,8 @@ class Thinker:
             output_hidden_states=[accept] if capture else False,
         )
         kv.commit()
+        for sess in sessions:
+            self.memory.end_forward(sess)
         for sess in heads:
             prefix = (self.version, sess.head)
             blocks = self.kv.hold(sess.thinker_slot, sess.keep)

@@ -123,3 +123,20 @@ def test_two_voiced_replies_at_a_time_when_the_talker_pool_holds_two(make):
     for st in states:
         ad.free(st)
     assert ad._pools.talker.blocks_used == 0 and ad._pools.talker.reserved == {}
+
+
+def test_rows_of_one_forward_never_take_more_blocks_than_there_are(make):
+    ad = make()
+    a = ad.new_state("a")
+    say(ad, a, "x" * 190)
+    b, c, d = (ad.new_state(sid) for sid in "bcd")
+    say(ad, d, "hi")
+    # 3 blocks are free and b and c want 2 each in one forward: c's room is cut from a, past
+    # its share of 2 blocks now, rather than taken from b or found missing.
+    assert ad._pools.thinker.available == 3
+    ad.thinker_prefill([b, c], [TextTurn("y" * 100), TextTurn("z" * 100)])
+    assert length(ad, b) == length(ad, c) > 100
+    assert length(ad, a) <= 128 and ad._session(a).dropped > 0
+    assert ad._pools.thinker.reserved == {}
+    for st in (a, b, c, d):
+        ad.free(st)
