@@ -40,8 +40,12 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
               scaling: float | None = None, **kwargs):
     """transformers' attention signature -> ((B, q, heads, head_dim), None)."""
     if isinstance(attention_mask, BlockMask):
+        cuda = query.device.type == "cuda"
+        # The kernel's KV tile must divide a block (a sparse block of the mask).
+        options = {"BLOCK_N": attention_mask.BLOCK_SIZE[1]} if cuda else None
         out = _flex(query.device)(query, key, value, block_mask=attention_mask, scale=scaling,
-                                  enable_gqa=query.shape[1] != key.shape[1])
+                                  enable_gqa=query.shape[1] != key.shape[1],
+                                  kernel_options=options)
     elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
         # The gather's mask, or transformers' own: either way SDPA's GQA, not repeat_kv.
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
@@ -65,6 +69,9 @@ def _flex(device: torch.device):
     if device.type != "cuda":
         return flex_attention
     if _compiled is None:
+        # Batch sizes and query lengths vary from call to call: dynamo makes them dynamic after
+        # the first recompile; the limit only guards against an unforeseen shape churning.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _compiled = torch.compile(flex_attention, fullgraph=True)
     return _compiled
 
