@@ -432,7 +432,8 @@ class BoundKV:
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         heads, dim = keys.shape[0], keys.shape[2]
         for buf, new in ((keys, key), (values, value)):
-            buf.index_copy_(1, self.write, new.transpose(0, 1).reshape(heads, -1, dim).to(buf.dtype))
+            rows = new.transpose(0, 1).reshape(heads, -1, dim)
+            buf.index_copy_(1, self.write, rows.to(buf.dtype))
         if self.read is None:
             return keys[None], values[None]
         # (kv_heads, B, kv_len, head_dim) -> (B, kv_heads, kv_len, head_dim)

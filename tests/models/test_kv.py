@@ -189,7 +189,8 @@ def test_the_block_mask_lists_every_block_a_query_reads_and_no_other():
                 block_rows = opens[qb * Q_BLOCK : (qb + 1) * Q_BLOCK].view(-1, kv.blocks_total + 1,
                                                                             BLOCK)
                 any_open, all_open = block_rows.any(2).any(0), block_rows.all(2).all(0)
-                n_partial, n_full = mask.kv_num_blocks[row, 0, qb], mask.full_kv_num_blocks[row, 0, qb]
+                n_partial = mask.kv_num_blocks[row, 0, qb]
+                n_full = mask.full_kv_num_blocks[row, 0, qb]
                 partial = set(mask.kv_indices[row, 0, qb, :n_partial].tolist())
                 full = set(mask.full_kv_indices[row, 0, qb, :n_full].tolist())
                 assert not partial & full

@@ -1,7 +1,7 @@
 """A one-hour call in accelerated time: the tiny Qwen3-Omni driven directly, stage by stage, with
 an hour of user audio (20 s turns, each answered) and no wall clock. Under every `truncation`
-policy but `disabled` the bytes and KV blocks it holds stay bounded and every turn is answered; `disabled`
-refuses what does not fit and says so in the reply's finish reason."""
+policy but `disabled` the bytes and KV blocks it holds stay bounded and every turn is answered;
+`disabled` refuses what does not fit and says so in the reply's finish reason."""
 
 import numpy as np
 import pytest
