@@ -121,6 +121,8 @@ def _bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         pin_cpus=settings.engine.pin_cpus,
         batched_only=args.batched_only,
+        kv_memory=settings.engine.kv_memory,
+        kv_sessions=args.kv_sessions,
     )
     print(table(report))
     if args.json:
@@ -322,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
         "turn lengths from the speech fixtures, random pauses and barge-ins",
     )
     bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    bench.add_argument(
+        "--kv-sessions",
+        type=int,
+        default=64,
+        metavar="N",
+        help="also measure the KV pools with N sessions of mixed context lengths (default 64; "
+        "0: not)",
+    )
     bench.add_argument(
         "--mode",
         choices=["turns", "duplex"],

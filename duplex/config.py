@@ -65,6 +65,11 @@ class EngineSettings(_Section):
     cuda_graphs: bool = False
     """Replay the fixed-shape decode steps (Qwen3-Omni's code predictor) as CUDA graphs; only
     on a CUDA device, ignored on the CPU."""
+    kv_memory: float = Field(0.0, ge=0)
+    """The paged KV pools' budget: bytes (above 1), or a fraction (1 or less) of the memory
+    free once the weights are loaded; 0: 0.8 of it on CUDA, on the CPU 64 sessions at full
+    context (at most a quarter of the memory available). Sessions and replies are admitted
+    only while their blocks fit in it."""
 
 
 class CacheSettings(_Section):

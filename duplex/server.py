@@ -20,7 +20,13 @@ from duplex import __version__
 from duplex.access.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
 from duplex.access.limits import Admission
 from duplex.config import Settings
-from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
+from duplex.engine import (
+    AdmissionRefused,
+    ChildSpec,
+    EngineConfig,
+    SchedulerConfig,
+    start_engine,
+)
 from duplex.engine.vad import VadService
 from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.observability.metrics import Metrics
@@ -38,6 +44,9 @@ from duplex.transport.webrtc.calls import CallRegistry
 from models.caches import CacheBudgets
 
 METRICS_SYNC_S = 5.0
+METRICS_FRESH_S = 1.0
+"""How long /metrics waits for the engine's figures as of the request, before it answers
+with those it has."""
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
 log = logging.getLogger("duplex.server")
 
@@ -62,6 +71,7 @@ def engine_spec(settings: Settings) -> ChildSpec:
         dtype=settings.model.dtype,
         cuda_graphs=es.cuda_graphs,
         pin_cpus=es.pin_cpus,
+        kv_memory=es.kv_memory,
     )
 
 
@@ -87,27 +97,41 @@ def create_app(settings: Settings) -> Starlette:
 
     async def healthz(_request: Request) -> JSONResponse:
         engine = parts.get("engine")
-        # A server whose engine has died answers nothing useful; say so to load balancers.
+        # A server whose engine has died answers nothing useful, and one that would refuse a
+        # new session (an engine limit, KV memory) takes none: say so to load balancers.
         up = engine is not None and engine.alive
+        refused = None
+        if up:
+            try:
+                engine.admit()
+            except AdmissionRefused as exc:
+                refused = exc
         info = getattr(engine, "model", None)
         native = info is not None and info.duplex_delay_frames is not None
-        return JSONResponse(
-            {
-                "status": "ok" if up else "engine_down",
-                "version": __version__,
-                "model": settings.model.name,
-                "active_sessions": len(hub),
-                "node_id": node_id,
-                "store": ss.backend,
-                "duplex": native,
-                "duplex_default": native and duplex_default,
-            },
-            status_code=200 if up else 503,
-        )
+        body = {
+            "status": "engine_down" if not up else "full" if refused else "ok",
+            "version": __version__,
+            "model": settings.model.name,
+            "active_sessions": len(hub),
+            "node_id": node_id,
+            "store": ss.backend,
+            "duplex": native,
+            "duplex_default": native and duplex_default,
+            "kv": {stage: {"blocks_total": pool.blocks_total, "blocks_used": pool.blocks_used,
+                           "blocks_free": pool.blocks_free, "block_bytes": pool.block_bytes}
+                   for stage, pool in getattr(engine, "kv_stats", {}).items()},
+        }
+        if refused is not None:
+            body.update(limit=refused.limit, message=str(refused))
+        return JSONResponse(body, status_code=200 if up and refused is None else 503)
 
     async def metrics_endpoint(_request: Request) -> Response:
         if "engine" in parts:
-            metrics.sync_engine(parts["engine"])
+            engine = parts["engine"]
+            # The engine reports every quarter second; a barrier brings its figures up to
+            # this request (a reply just finished is in its counters).
+            await asyncio.to_thread(engine.wait_idle, METRICS_FRESH_S)
+            metrics.sync_engine(engine)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     parts: dict[str, object] = {}

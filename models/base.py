@@ -80,6 +80,28 @@ class ReplyTurn:
 
 
 @dataclass(frozen=True)
+class KVStats:
+    """One stage's paged KV pool (`models.paged_kv`) as the engine reports it."""
+
+    blocks_total: int
+    blocks_used: int
+    """Blocks holding positions: sessions' own and the prefix cache's (shared ones once)."""
+    block_bytes: int
+    blocks_free: int
+    """Blocks a new session or reply may still take: free ones and those the prefix cache
+    would give up, less what replies in progress have reserved."""
+    session_blocks: int
+    """Blocks one more session needs: its head and its first reply."""
+    sessions_admissible: int
+    """Sessions that may still open before memory runs short (none when refusing)."""
+    needed_bytes: int
+    """What the live contexts need: their positions times the bytes of a position."""
+    slot_pool_bytes: int
+    """What the slot layout (a row per session, every row as long as the longest, rows and
+    length rounded up as it grew them) would hold for the same contexts: at least this."""
+
+
+@dataclass(frozen=True)
 class TalkerFrame:
     """One Talker step: codes of shape (Q,) for one codec frame, or None when it produced none."""
 
@@ -177,6 +199,10 @@ class DuplexModel(ABC):
 
     def cache_stats(self) -> dict[str, CacheStats]:
         """The counters of the caches the model keeps across sessions, by cache name."""
+        return {}
+
+    def kv_stats(self) -> dict[str, KVStats]:
+        """Its paged KV pools, by stage; none for a model whose KV is not paged."""
         return {}
 
     @abstractmethod

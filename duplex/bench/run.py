@@ -24,6 +24,7 @@ import numpy as np
 from duplex.bench import ceiling
 from duplex.bench.arrivals import Script, scripts
 from duplex.bench.codec import stream_vs_offline
+from duplex.bench.kv import MIXED_SESSIONS, KVPeak, mixed_contexts
 from duplex.bench.speech import utterances
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.engine import resolve_torch_threads
@@ -213,6 +214,8 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
                    arrivals: str = "herd", seed: int = 0) -> dict:
     engine.wait_idle()
     engine.stats.take()
+    kv_peak = KVPeak(engine)
+    sampler = asyncio.create_task(kv_peak.run())
     busy_before, steps_before = engine.stats.busy_s, engine.stats.steps
     cpu_before = engine.stats.busy_cpu_s
     runners = []
@@ -235,7 +238,9 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     try:
         await asyncio.gather(*(serve(c) for c in clients))
         held = [engine.bytes_held(c.session.session_id) for c in clients]
+        kv_peak.sample()
     finally:
+        sampler.cancel()
         opened = [c for c in clients if c.session is not None]
         for c in opened:
             c.session.carrier_gone()
@@ -276,6 +281,7 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
         "reply_audio_s": round(merged.reply_s, 2),
+        "kv": kv_peak.peak,
     }
 
 
@@ -319,19 +325,22 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
           find: bool, limit: int, log=print, torch_threads: int = 0,
           scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
           cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0,
-          pin_cpus: bool = False, batched_only: bool = False) -> dict:
+          pin_cpus: bool = False, batched_only: bool = False, kv_memory: float = 0.0,
+          kv_sessions: int = MIXED_SESSIONS) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
-    thread (engine.process = false): the engine settings the server uses. `dtype` and
-    `cuda_graphs` and `pin_cpus` as model.dtype, engine.cuda_graphs and engine.pin_cpus. `arrivals` and `seed` say when
-    sessions start and how they talk (arrivals.py). `batched_only` leaves out the per-session
-    mode that `find` and `baseline` add: one model build, no ratio."""
+    thread (engine.process = false): the engine settings the server uses. `dtype`,
+    `cuda_graphs`, `pin_cpus` and `kv_memory` as model.dtype and engine.cuda_graphs,
+    engine.pin_cpus and engine.kv_memory. `arrivals` and `seed` say when sessions start and
+    how they talk (arrivals.py). `batched_only` leaves out the per-session mode that `find`
+    and `baseline` add: one model build, no ratio. `kv_sessions`: sessions of mixed context
+    lengths the KV figures are also taken at (kv.py; 0: not measured)."""
     vad = VadService()
     # A GPU host may carry no livekit: the bench's callers never echo, so no canceller starts.
     if importlib.util.find_spec("livekit") is not None:
         echo_guard_warm_up()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
-    codec_ratio = None
+    codec_ratio = kv_mixed = None
     model_name_seen = device = dtype_seen = None
     try:
         both = (find or baseline) and not batched_only
@@ -346,6 +355,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 dtype=dtype,
                 cuda_graphs=cuda_graphs,
                 pin_cpus=pin_cpus,
+                kv_memory=kv_memory,
             )
             engine = start_engine(spec, in_process)
             try:
@@ -369,6 +379,8 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
                 if codec_ratio is None:
                     codec_ratio = engine.query(stream_vs_offline)
+                if kv_sessions and kv_mixed is None:
+                    kv_mixed = engine.query(partial(mixed_contexts, sessions=kv_sessions))
             finally:
                 engine.stop()
     finally:
@@ -381,6 +393,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
         ratio = round(s / b, 2) if b else None
     for result in modes.values():
         result["codec_stream_vs_offline"] = codec_ratio
+        result["kv_mixed"] = kv_mixed
     return {
         "model": model_name_seen,
         "device": device,
@@ -398,6 +411,21 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
 
 def _num(value) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _kv_cells(figures: dict | None) -> str:
+    if not figures:
+        return "-"
+    mb = [figures[k] / 2**20 for k in ("allocated_bytes", "slot_pool_bytes", "needed_bytes")]
+    return " / ".join(f"{v:.1f}" for v in mb)
+
+
+def _mixed_label(report: dict) -> str:
+    mixed = next(iter(report["modes"].values())).get("kv_mixed")
+    if not mixed:
+        return "mixed contexts"
+    low, high = mixed["context_positions"]
+    return f"{mixed['sessions']} sessions of {low}-{high} positions"
 
 
 def table(report: dict) -> str:
@@ -432,6 +460,11 @@ def table(report: dict) -> str:
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))
+    for kv_stage in sorted({s for m in report["modes"].values() for s in m["kv"]}):
+        row(f"kv {kv_stage} at peak: paged / slots / needed MiB",
+            lambda m, st=kv_stage: _kv_cells(m["kv"].get(st)))
+        row(f"kv {kv_stage} at {_mixed_label(report)}: paged / slots / needed MiB",
+            lambda m, st=kv_stage: _kv_cells((m["kv_mixed"] or {}).get("kv", {}).get(st)))
     stages = sorted({s for m in report["modes"].values() for s in m["stages"]})
     for st in stages:
         row(f"{st}: compute ms p50/p95", lambda m, st=st: pq(m["stages"][st]["compute_ms"]) if st in m["stages"] else "-")

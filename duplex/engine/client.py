@@ -27,7 +27,7 @@ from duplex.engine.lockstep import TickCost, admit_duplex
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
-from models.base import ReplyTurn, TextTurn
+from models.base import KVStats, ReplyTurn, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -43,9 +43,11 @@ class AdmissionRefused(Exception):
         self.limit = limit
 
 
-def admit(n_open: int, load: float, config: EngineConfig) -> None:
+def admit(n_open: int, load: float, config: EngineConfig,
+          kv: dict[str, KVStats] | None = None, unreported: int = 0) -> None:
     """Raise AdmissionRefused if one more session would pass a limit; `load` is the measured
-    busy fraction with `n_open` sessions."""
+    busy fraction with `n_open` sessions, `kv` the KV pools as last reported, before
+    `unreported` sessions opened since."""
     if n_open >= config.max_sessions:
         raise AdmissionRefused(
             f"engine is full: {n_open} sessions open (limit engine.max_sessions="
@@ -59,6 +61,14 @@ def admit(n_open: int, load: float, config: EngineConfig) -> None:
             f"{projected:.0%} with one more (limit engine.max_load={config.max_load:.0%})",
             "engine.max_load",
         )
+    for stage, pool in (kv or {}).items():
+        if pool.sessions_admissible - unreported <= 0:
+            raise AdmissionRefused(
+                f"KV memory is full: the {stage} pool has {pool.blocks_free} of "
+                f"{pool.blocks_total} blocks free beside what open sessions hold, and a "
+                f"session needs {pool.session_blocks} (limit engine.kv_memory)",
+                "engine.kv_memory",
+            )
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,9 @@ class EngineClient(ABC):
         self._core_alive = True
         self.cache_stats: dict[str, CacheStats] = {}
         """The model's cache counters as of the core's last report."""
+        self.kv_stats: dict[str, KVStats] = {}
+        """The model's paged KV pools as of the core's last report."""
+        self._core_sessions = 0
         self.duplex_tick: TickCost | None = None
         self._duplex: set[str] = set()
 
@@ -144,12 +157,18 @@ class EngineClient(ABC):
             if self._gone is not None:
                 raise AdmissionRefused(f"engine process is not running ({self._gone})",
                                        "engine.process")
-            admit(len(self._callers), self.load, self.config)
+            self.admit()
             if session_id in self._callers:
                 raise KeyError(f"session {session_id} is already open")
             self._callers[session_id] = deliver
             self._framers[session_id] = Framer(self.model.input_chunk_samples)
         self._submit(m.OpenSession(session_id))
+
+    def admit(self) -> None:
+        """Raise AdmissionRefused if one more session would pass a limit now."""
+        n_open = len(self._callers)
+        admit(n_open, self.load, self.config, self.kv_stats,
+              max(0, n_open - self._core_sessions))
 
     def push_audio(self, session_id: str, pcm: np.ndarray) -> None:
         """Float32 mono at model.input_rate; framed here, so the core takes one request per
@@ -320,6 +339,7 @@ class EngineClient(ABC):
                 output.load, output.busy_s, output.steps, output.alive)
             self.stats.busy_cpu_s = output.busy_cpu_s
             self.cache_stats = output.caches
+            self.kv_stats, self._core_sessions = output.kv, output.sessions
             self.duplex_tick = output.duplex_tick
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)

@@ -163,7 +163,8 @@ class EngineCore:
         self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
                            self.load, self.stats.busy_s, self.stats.steps, alive,
                            self.model.cache_stats(), lockstep.cost() if lockstep else None,
-                           busy_cpu_s=self.stats.busy_cpu_s))
+                           busy_cpu_s=self.stats.busy_cpu_s, kv=self.model.kv_stats(),
+                           sessions=len(self._states)))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and

@@ -27,7 +27,7 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
-from models.base import ReplyTurn, TextTurn
+from models.base import KVStats, ReplyTurn, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -160,6 +160,10 @@ class Report:
     busy_cpu_s: float = 0.0
     """CPU time the core's thread had during its busy_s: less than busy_s when other work
     shares the cores and the engine waits for one."""
+    kv: dict[str, KVStats] = field(default_factory=dict)
+    """The model's paged KV pools by stage (`DuplexModel.kv_stats`)."""
+    sessions: int = 0
+    """Sessions the core holds: those a caller opened since are not in `kv` yet."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,8 @@ class ChildSpec:
     dtype: str = "auto"
     cuda_graphs: bool = False
     pin_cpus: bool = False
+    kv_memory: float = 0.0
+    """The KV pools' budget (`engine.kv_memory`)."""
     cpus: tuple[int, ...] = ()
     """The CPUs the child runs on (set by `EngineProcess.start` when pinning); empty: any."""
 
@@ -284,7 +286,8 @@ def load_spec(spec: ChildSpec):
     from models.registry import load_model
 
     return load_model(
-        spec.model_name, spec.cache_dir, spec.device, spec.dtype, spec.cuda_graphs, spec.caches
+        spec.model_name, spec.cache_dir, spec.device, spec.dtype, spec.cuda_graphs, spec.caches,
+        spec.kv_memory,
     )
 
 

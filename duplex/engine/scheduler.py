@@ -115,8 +115,9 @@ class ResponseFinished:
     epoch: int
     n_samples: int
     reason: str = "completed"
-    """completed, max_output_tokens when the reply was cut at its token limit, or
-    context_length_exceeded when its context was full and truncation disabled."""
+    """completed, max_output_tokens when the reply was cut at its token limit,
+    context_length_exceeded when its context was full and truncation disabled, or server_full
+    when the KV memory had no room for it."""
     usage: dict[str, Any] | None = None
     """What the model reported of the reply's context, and `output_tokens`."""
 

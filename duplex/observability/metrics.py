@@ -7,6 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from duplex import __version__
+from models.base import KVStats
 from models.caches import FEATURE, PREFIX, CacheStats
 
 REFUSAL_REASONS = {"limits.sessions": "sessions",
@@ -90,6 +91,8 @@ class Metrics:
         )
         self.caches = _CacheCollector()
         self.registry.register(self.caches)
+        self.kv = _KVCollector()
+        self.registry.register(self.kv)
 
     def count_refusal(self, limit: str) -> None:
         """A session refused at `limit` (the setting's name, `limits.sessions` ...)."""
@@ -112,6 +115,7 @@ class Metrics:
             self.dropped.labels(drop.kind, drop.reason).inc(drop.n)
         self.bytes_held.set(engine.total_bytes_held())
         self.caches.stats = dict(engine.cache_stats)
+        self.kv.stats = dict(getattr(engine, "kv_stats", {}))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -140,3 +144,22 @@ class _CacheCollector:
                                     value=stats.bytes)
             yield GaugeMetricFamily(f"duplex_{name}_cache_budget_bytes",
                                     f"{what}: bytes it may hold", value=stats.budget_bytes)
+
+
+class _KVCollector:
+    """`duplex_kv_*{stage}` from the engine's last report: the paged KV pools of the model's
+    stages (none for a model whose KV is not paged)."""
+
+    _GAUGES = (("blocks_total", "KV blocks in the stage's pool"),
+               ("blocks_used", "KV blocks holding positions (sessions' and the prefix cache's)"),
+               ("block_bytes", "bytes of one KV block (every layer's keys and values)"))
+
+    def __init__(self) -> None:
+        self.stats: dict[str, KVStats] = {}
+
+    def collect(self):
+        for field, help_text in self._GAUGES:
+            family = GaugeMetricFamily(f"duplex_kv_{field}", help_text, labels=["stage"])
+            for stage, stats in self.stats.items():
+                family.add_metric([stage], getattr(stats, field))
+            yield family

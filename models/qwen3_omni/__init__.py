@@ -5,7 +5,8 @@
 - `options`: `Qwen3OmniOptions` (reply lengths, sampling, context sizes, voice) and sampling.
 - `session`: one session's state and the rows it holds in the shared pools.
 - `encoders`: the audio and vision towers with their preprocessing.
-- `thinker`: each session's chat context, batched forwards over the slot KV, reply tokens.
+- `thinker`: each session's chat context, batched forwards over the paged KV, reply tokens.
+- `memory`: admission and shares of the KV pools: who may take how many blocks.
 - `talker`: codec frames from the Talker and its code predictor, fed as generate() feeds them.
 - `codec`: exact frame-by-frame streaming Code2Wav, its state in rows of a pool.
 - `tiny`: a tiny random-weight checkpoint, and offline loading of any checkpoint.

@@ -1,25 +1,29 @@
 """One session's state in a Qwen3-Omni adapter: its context, its reply, and the pool rows it holds.
 
 The Thinker and Talker KV and the codec carry state live in pools the adapter shares across
-sessions (`Pools`); a session holds row numbers in them, claimed on first use and given back when
-its reply ends (Talker, codec) or it closes (Thinker). A session whose context starts from a
-prefix cache entry pins that entry until it closes; its own rows hold a copy.
+sessions (`Pools`); a session holds slots in them, claimed on first use and given back when its
+reply ends (Talker, codec) or it closes (Thinker). A session whose context starts from a prefix
+cache entry pins that entry until it closes; its slot holds the entry's blocks by reference.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from models.kv import SlotKV, tensor_bytes
+from models.kv import tensor_bytes
+from models.paged_kv import PagedKV
 from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
 from models.qwen3_omni.options import Stream
 from models.reply import Truncation
 from models.tool_forcing import CallForcing
+
+if TYPE_CHECKING:
+    from models.qwen3_omni.memory import KVMemory
 
 OTHER, USER, PREFIX = 0, 1, 2
 """Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
@@ -27,10 +31,11 @@ OTHER, USER, PREFIX = 0, 1, 2
 
 @dataclass(frozen=True)
 class Pools:
-    thinker: SlotKV
-    talker: SlotKV
+    thinker: PagedKV
+    talker: PagedKV
     codec: Code2WavPool
     prefix: PrefixCache
+    memory: KVMemory
 
 
 @dataclass
@@ -84,8 +89,14 @@ class Session:
     reply's usage reports them)."""
     full: bool = False
     """Truncation is disabled and input did not fit: the reply ends without a token."""
+    kv_full: bool = False
+    """The KV memory has no room for this reply: it ends with server_full."""
+    lost_input: bool = False
+    """Input was refused for want of KV memory: the next reply ends with server_full, so the
+    user hears why it went unanswered."""
     cached: int = 0
-    """Positions already in the KV when the current reply began."""
+    """Positions of the context taken from the prefix cache instead of computed (its head,
+    when a cache entry held it)."""
     next_pos: int = 0
     turn: str | None = None
     audio_open: bool = False
@@ -115,9 +126,9 @@ class Session:
             [pieces, self.talker_ctx, self.talker_prefix, self.text_queue, self.last_codes]
         )
         if self.thinker_slot is not None:
-            held += self.pools.thinker.slot_bytes()
+            held += self.pools.thinker.slot_bytes(self.thinker_slot)
         if self.talker_slot is not None:
-            held += self.pools.talker.slot_bytes()
+            held += self.pools.talker.slot_bytes(self.talker_slot)
         if self.codec_row is not None:
             held += self.pools.codec.row_bytes()
         return held
@@ -130,7 +141,10 @@ class Session:
             self.pools.talker.check(self.talker_slot, self.sid)
 
     def end_reply(self) -> None:
-        """Drop the reply in progress and give back its Talker and codec rows."""
+        """Drop the reply in progress and give back its Talker and codec rows, and the KV
+        blocks it reserved and did not use."""
+        self.pools.thinker.unreserve(self.sid)
+        self.pools.talker.unreserve(self.sid)
         if self.talker_slot is not None:
             self.pools.talker.release(self.talker_slot, self.sid)
         if self.codec_row is not None:
@@ -148,6 +162,7 @@ class Session:
             self.pools.thinker.release(self.thinker_slot, self.sid)
         if self.prefix is not None:
             self.pools.prefix.release(self.prefix)
+        self.pools.memory.remove(self)
         self.thinker_slot, self.prefix = None, None
         self.pending.clear()
         self.talker_ctx.clear()

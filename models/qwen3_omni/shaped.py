@@ -293,7 +293,8 @@ def shaped_model(
     return model
 
 
-def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool = False):
+def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool = False,
+                kv_memory: float = 0.0):
     """The shaped model built in memory on `device` behind the Qwen3-Omni adapter, as a saved
     shaped checkpoint would load."""
     from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
@@ -306,7 +307,8 @@ def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool =
         device,
         dtype,
         Qwen3OmniOptions(**RANDOM_WEIGHTS_OPTIONS),
-        cuda_graphs,
+        cuda_graphs=cuda_graphs,
+        kv_memory=kv_memory,
     )
 
 

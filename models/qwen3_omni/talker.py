@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from models.base import TalkerFrame, ThinkerToken
-from models.kv import SlotKV
+from models.paged_kv import PagedKV
 from models.qwen3_omni import compat
 from models.qwen3_omni.graphs import residual_graphs
 from models.qwen3_omni.options import Qwen3OmniOptions, Sampling, sample_rows
@@ -24,7 +24,7 @@ from models.qwen3_omni.session import PREFIX, USER, Session
 
 
 class Talker:
-    def __init__(self, model, kv: SlotKV, options: Qwen3OmniOptions, device, dtype,
+    def __init__(self, model, kv: PagedKV, options: Qwen3OmniOptions, device, dtype,
                  cuda_graphs: bool = False) -> None:
         config = model.config.talker_config
         self.module = model.talker

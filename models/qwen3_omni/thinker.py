@@ -1,5 +1,5 @@
 """The Thinker side of the Qwen3-Omni adapter: each session's chat context, batched forwards over
-the slot KV, and reply tokens.
+the paged KV, and reply tokens.
 
 New positions wait in a session as pieces (text, audio or image embeddings with their M-RoPE
 positions) until the next forward, which takes every session's pieces at once. A user turn opens
@@ -7,8 +7,11 @@ with the first input after a reply and closes at `begin`; input during a reply e
 text. Every forward hands the Talker the positions it conditions on.
 
 A context's head (the system turn set before any input) is computed once per model version
-and token sequence: the first session to forward it stores its KV in the prefix cache, later
-ones copy it into their slot instead of computing it.
+and token sequence: the first session to forward it keeps its KV blocks in the prefix cache,
+later ones start their block table with the same blocks instead of computing it.
+
+How much KV a context may hold is `models.qwen3_omni.memory`'s: its context limit and its
+share of the pool, each enforced by the session's truncation policy.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from typing import Any
 import torch
 
 from models.base import ReplyTurn, TextTurn, ThinkerToken
-from models.kv import SlotKV
-from models.prefix_cache import PrefixCache
+from models.paged_kv import PagedKV
+from models.prefix_cache import PrefixCache, PrefixKV
 from models.qwen3_omni import compat
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
+from models.qwen3_omni.memory import KVMemory, cut
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
@@ -40,13 +44,14 @@ class Thinker:
         self,
         model,
         tokenizer,
-        kv: SlotKV,
+        kv: PagedKV,
         talker: Talker,
         options: Qwen3OmniOptions,
         device,
         dtype,
         prefix_cache: PrefixCache,
         version: str,
+        memory: KVMemory,
     ) -> None:
         """`version` identifies the language model's weights (`models.fingerprint`)."""
         self.module = model.thinker
@@ -58,7 +63,9 @@ class Thinker:
         self.eos_ids = sorted(self.ids["eos"])
         vocab = model.config.thinker_config.text_config.vocab_size
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
-        self.prefix_cache, self.version = prefix_cache, version
+        self.prefix_cache, self.memory = prefix_cache, memory
+        # A cache entry is blocks of this pool: the key says which.
+        self.version = f"{version}@kv{kv.uid}"
         self.vocab_size = vocab
         self._vocabulary: Vocabulary | None = None
         self.masks = CallMasks(vocab, device)
@@ -67,6 +74,7 @@ class Thinker:
 
     def start(self, sess: Session) -> None:
         """Open a new session's context with the server's own system prompt, if it has one."""
+        self.memory.add(sess)
         self._system_turn(sess, render_system(self.options.system_prompt or "", ()))
 
     def instruct(self, sess: Session, instructions: str, tools: tuple[dict[str, Any], ...]) -> None:
@@ -226,7 +234,13 @@ class Thinker:
         sess.talker_done = False
         if sess.truncation.type != "disabled":
             sess.full = False
-        sess.cached = self.kv.length[sess.thinker_slot] if sess.thinker_slot is not None else 0
+        sess.kv_full = False
+
+    def admit_reply(self, sess: Session, audio: bool) -> None:
+        """Reserve the KV the reply begun may need; without room it ends with server_full."""
+        self._open_slot(sess)
+        if not self.memory.begin_reply(sess, audio):
+            sess.kv_full = True
 
     def restore_reply(self, sess: Session, turn: ReplyTurn) -> None:
         """Lay a heard reply into the context as `begin` and `decode` laid it when it was
@@ -244,27 +258,32 @@ class Thinker:
         return limit if post is None else min(limit, sess.keep + post)
 
     def _fits(self, sess: Session) -> bool:
-        """Make room for the session's pending positions as its truncation policy says; False
-        when it says not to (`disabled`): the pending input is refused."""
+        """Make room for the session's pending positions as its truncation policy says, within
+        its context limit and its share of the KV memory; False when there is none to make:
+        the pending input is refused (`full` past the limit or the share, `lost_input` when no
+        block can be freed for it)."""
         self._open_slot(sess)
         n = sum(p.embeds.shape[0] for p in sess.pending)
-        length, limit, keep = self.kv.length[sess.thinker_slot], self._limit(sess), sess.keep
-        if length + n <= limit:
-            return True
-        policy = sess.truncation
-        if policy.type == "disabled":
-            sess.pending, sess.full = [], True
-            return False
-        if n > limit - keep:
-            raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - keep} evictable")
-        if policy.type == "retention_ratio":
-            target = math.floor(policy.ratio * (limit - keep))
+        length, limit = self.kv.length[sess.thinker_slot], self._limit(sess)
+        room = min(limit, self.memory.share_positions(sess))
+        if length + n > room:
+            if sess.truncation.type == "disabled":
+                return self._refuse(sess, memory=False)
+            if n > limit - sess.keep:
+                raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - sess.keep} "
+                                     "evictable")
+            if not cut(self.kv, sess, room, n):
+                return self._refuse(sess, memory=False)
+        return self.memory.fits(sess, n) or self._refuse(sess, memory=True)
+
+    @staticmethod
+    def _refuse(sess: Session, memory: bool) -> bool:
+        sess.pending = []
+        if memory:
+            sess.lost_input = True
         else:
-            target = limit - keep - limit // 4
-        drop = min(max(length + n - limit, length - keep - target), length - keep)
-        self.kv.evict(sess.thinker_slot, keep, drop)
-        sess.dropped += drop
-        return True
+            sess.full = True
+        return False
 
     def forward(self, sessions: list[Session]) -> torch.Tensor:
         """Every session's pending pieces forwarded -> each row's last hidden state.
@@ -333,9 +352,12 @@ class Thinker:
             output_hidden_states=[accept] if capture else False,
         )
         kv.commit()
+        for sess in sessions:
+            self.memory.end_forward(sess)
         for sess in heads:
             prefix = (self.version, sess.head)
-            if self.prefix_cache.keep(prefix, self.kv.read(sess.thinker_slot, sess.keep)):
+            blocks = self.kv.hold(sess.thinker_slot, sess.keep)
+            if self.prefix_cache.keep(prefix, PrefixKV(self.kv, blocks, sess.keep)):
                 sess.prefix = prefix
         for sess in sessions:
             sess.pending, sess.head = [], ()
@@ -350,7 +372,7 @@ class Thinker:
 
     def _open_head(self, sess: Session) -> bool:
         """True when the session's head is still to be computed (and then kept in the prefix
-        cache); a head the cache holds is copied into the session's slot instead."""
+        cache); a head the cache holds starts the session's block table instead."""
         self._open_slot(sess)
         if not sess.head or sess.prefix is not None:
             return False
@@ -358,8 +380,8 @@ class Thinker:
         cached = self.prefix_cache.take(prefix)
         if cached is None:
             return True
-        self.kv.write(sess.thinker_slot, cached)
-        sess.prefix = prefix
+        self.kv.share(sess.thinker_slot, cached.blocks, cached.length)
+        sess.prefix, sess.cached = prefix, cached.length
         # The head is the first piece pushed (`_system_turn`), and never shares it.
         sess.pending.pop(0)
         return False
@@ -375,9 +397,14 @@ class Thinker:
                 embeds = embed(ids)
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
-            for sess in [s for s in active if s.full or not self._fits(s)]:
+            for sess in [s for s in active if s.full or s.kv_full or s.lost_input
+                         or not self._fits(s)]:
                 sess.thinker_done = True
-                results[id(sess)] = ThinkerToken("", None, True, reason="context_length_exceeded")
+                memory = sess.kv_full or sess.lost_input
+                reason = "server_full" if memory else "context_length_exceeded"
+                results[id(sess)] = ThinkerToken("", None, True, reason=reason)
+                sess.lost_input = False
+                self.memory.end_text(sess)
             active = [s for s in active if id(s) not in results]
         if active:
             embed = self.module.get_input_embeddings()
@@ -414,6 +441,9 @@ class Thinker:
                 self._watch_call(sess, text)
                 results[id(sess)] = ThinkerToken(text, conditioning[b], sess.thinker_done, tok,
                                                  usage)
+        for sess in active:
+            if sess.thinker_done:
+                self.memory.end_text(sess)
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 
     def _constrain(self, logits: torch.Tensor, raw: torch.Tensor,

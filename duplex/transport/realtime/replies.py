@@ -262,6 +262,12 @@ class Replies:
                 "error": {"type": "invalid_request_error", "code": "context_length_exceeded",
                           "message": "The conversation exceeds the model's context and "
                                      "truncation is disabled."}}))
+        elif r.finish_reason == "server_full":
+            emit(out, "response.done", response=self._wire("failed", {
+                "type": "failed", "reason": None,
+                "error": {"type": "server_error", "code": "server_full",
+                          "message": "The server's KV memory has no room for this reply beside "
+                                     "what other sessions hold; try again shortly."}}))
         else:
             emit(out, "response.done", response=self._wire(
                 "incomplete", {"type": "incomplete", "reason": r.finish_reason, "error": None}))
