@@ -143,3 +143,13 @@ def tiny_moshi_dir(tmp_path_factory):
     from models.registry import build_tiny
 
     return build_tiny("tiny-moshi", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def smart_turn_path():
+    """Smart Turn v3.2's graph in the model cache dir (.models), fetched there on first use
+    as `duplex models build smart-turn` and `duplex serve` do."""
+    from duplex.config import load_settings
+    from duplex.smart_turn import fetch
+
+    return fetch(load_settings(None).model.cache_dir)
