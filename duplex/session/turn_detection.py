@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from duplex.session.commands import SpeechStarted, SpeechStopped
 from duplex.session.timeline import require_count
 
+SEMANTIC_PAUSE_MS = 200
+"""semantic_vad asks the end-of-turn model once a pause has lasted this long."""
+EAGERNESS_WAIT_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
+"""semantic_vad's eagerness as its longest wait (OpenAI's documented timeouts): a pause the
+model did not judge complete ends the turn after this long."""
+
 
 @dataclass(frozen=True, slots=True)
 class ScoreTurn:

@@ -8,6 +8,6 @@ logic in duplex.session.turn_detection.
 
 from duplex.smart_turn.model import SmartTurn
 from duplex.smart_turn.service import TurnEndService
-from duplex.smart_turn.weights import WeightsUnavailable, fetch, weights_path
+from duplex.smart_turn.weights import WeightsUnavailable, fetch, resolve, weights_path
 
-__all__ = ["SmartTurn", "TurnEndService", "WeightsUnavailable", "fetch", "weights_path"]
+__all__ = ["SmartTurn", "TurnEndService", "WeightsUnavailable", "fetch", "resolve", "weights_path"]

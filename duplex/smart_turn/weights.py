@@ -69,3 +69,16 @@ def fetch(cache_dir: str | Path) -> Path:
     partial.replace(path)
     shutil.copyfile(LICENSE, path.with_name("LICENSE"))
     return path
+
+
+def resolve(name: str, cache_dir: str | Path) -> Path | None:
+    """The graph `turns.model` names: None for "" (no model), smart-turn-v3.2 from the cache
+    (fetched on first use), or a local ONNX file."""
+    if not name:
+        return None
+    if name == NAME:
+        return fetch(cache_dir)
+    path = Path(name)
+    if not path.is_file():
+        raise WeightsUnavailable(f"{name} is neither {NAME} nor an ONNX file")
+    return path

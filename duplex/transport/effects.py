@@ -82,6 +82,23 @@ class VadFeed:
 
 
 @dataclass(frozen=True)
+class ScoreTurnEnd:
+    """Ask the end-of-turn model (duplex.smart_turn) whether the turn in `pcm` (16 kHz, up to
+    the pause now under way) is complete; its answer comes back as a TurnScored message."""
+
+    request: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    """The user's turn ended and was committed; `by` says what ended it (counted): silence,
+    model or fallback (duplex.session.commands.SpeechStopped)."""
+
+    by: str
+
+
+@dataclass(frozen=True)
 class PlayAudio:
     """Reply audio for a media track (WebRTC): float32 at 24 kHz from `start_sample`."""
 

@@ -121,6 +121,7 @@ class InputAudio:
         self.commit_as(out, self.speech_item_id or self.events.new_id("item"))
 
     def commit_as(self, out: list, item_id: str) -> Item:
+        out += self.clock.commit_input()
         item = Item(item_id, role="user", content_type="input_audio")
         previous = self.conversation.append(item)
         self.uncommitted_samples = 0
@@ -135,6 +136,7 @@ class InputAudio:
     def clear(self, out: list) -> None:
         self.uncommitted_samples = 0
         self._asr_audio = []
+        self.clock.gate.clear()
         out.append(EngineClearInput())
         self.events.emit(out, "input_audio_buffer.cleared")
 
