@@ -113,6 +113,11 @@ class MediaClock:
             out.append(VadFeed(heard, urgent=replying))
         return out
 
+    def released_input(self) -> list[EnginePush]:
+        """What a speech start just released of the held input, for the model at once."""
+        opened = self.gate.flush()
+        return [EnginePush(opened)] if len(opened) else []
+
     def commit_input(self) -> list[EnginePush]:
         """The turn is committed: the model gets what the gate still holds of it first."""
         rest = self.gate.commit()
@@ -131,7 +136,8 @@ class MediaClock:
         """The detector's decisions, each followed by the chunk's activity (which judges a
         paused reply's interruption), in input order, then what the `early` score of the
         chunk still filling starts. Lazily: a false interruption judged on one chunk ends the
-        detector's speech (`forget_speech`) before the next is fed."""
+        detector's speech (`forget_speech`) before the next is fed. A speech start releases
+        the input held before it (`released_input`)."""
         for prob in probs:
             decision = self.detector.feed(prob, self.vad_chunk)
             if decision is not None:

@@ -88,6 +88,7 @@ class Turns:
                 out.append(self.clock.score_request(command))
             else:
                 self._judge(out, self.core.handle(command))
+        out += self.clock.released_input()
 
     def on_turn_score(self, out: list, request: int, complete: float | None) -> None:
         """The end-of-turn model's answer for a pause: a complete turn ends now."""

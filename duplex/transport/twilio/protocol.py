@@ -372,6 +372,7 @@ class TwilioProtocol:
                 out.append(self.clock.score_request(command))
             else:
                 self._judge(out, self.core.handle(command))
+        out += self.clock.released_input()
         return out
 
     def on_turn_score(self, request: int, complete: float | None) -> list[Effect]:
