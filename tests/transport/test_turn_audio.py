@@ -4,6 +4,7 @@ turns included; the silence before it is never given to the model. Driven throug
 protocol cores, with the speech detector's probabilities given."""
 
 import base64
+import json
 
 import numpy as np
 
@@ -127,10 +128,10 @@ def test_a_twilio_turn_and_a_barge_in_start_at_the_onset_less_the_prefix():
             seq += 1
             payload = mulaw[fed : fed + TWILIO_FRAME]
             effects.extend(p.release_output(fed))
-            effects.extend(p.receive_text(
-                '{"event": "media", "sequenceNumber": "%d", "streamSid": "MZ1", "media": '
-                '{"track": "inbound", "chunk": "%d", "timestamp": "0", "payload": "%s"}}'
-                % (seq, seq, base64.b64encode(payload).decode())))
+            effects.extend(p.receive_text(json.dumps({
+                "event": "media", "sequenceNumber": str(seq), "streamSid": "MZ1",
+                "media": {"track": "inbound", "chunk": str(seq), "timestamp": "0",
+                          "payload": base64.b64encode(payload).decode()}})))
             fed += TWILIO_FRAME
         probs = []
         while scored + chunk <= fed:
