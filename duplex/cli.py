@@ -96,7 +96,8 @@ def _call(args: argparse.Namespace) -> int:
 
     audio = read_audio(args.input)
     result = asyncio.run(
-        call(args.url, audio, barge_in_at=args.barge_in_at, api_key=args.api_key)
+        call(args.url, audio, barge_in_at=args.barge_in_at, api_key=args.api_key,
+             turn_detection=args.turn_detection)
     )
     write_wav(args.output, bytes(result.reply))
     print_timeline(result)
@@ -116,6 +117,8 @@ def _bench(args: argparse.Namespace) -> int:
         from duplex.bench.duplex_mode import run_cli
 
         return run_cli(args, settings, model)
+    if args.turns:
+        return _bench_turns(args, settings, model)
     report = bench(
         model,
         settings.model.cache_dir,
@@ -133,6 +136,28 @@ def _bench(args: argparse.Namespace) -> int:
         arrivals=args.arrivals,
         seed=args.seed,
         pin_cpus=settings.engine.pin_cpus,
+    )
+    print(table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_turns(args: argparse.Namespace, settings, model: str) -> int:
+    import json
+
+    from duplex.bench.turns import bench_turns, table
+
+    report = bench_turns(
+        model, settings.model.cache_dir, sessions=args.sessions, duration_s=args.duration,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+        torch_threads=settings.engine.torch_threads,
+        scheduler={"max_batch": settings.engine.max_batch,
+                   "audio_lead_s": settings.engine.audio_lead_s},
+        in_process=not settings.engine.process, dtype=args.dtype or settings.model.dtype,
+        seed=args.seed, turn_threads=settings.turns.threads,
     )
     print(table(report))
     if args.json:
@@ -243,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     call = sub.add_parser(
         "call",
         help="talk to a Realtime endpoint with a sound file",
-        description="Stream a sound file to a Realtime WebSocket endpoint in real time (server "
-        "VAD decides the turns), save the reply audio, and print the events' timeline with TTFA.",
+        description="Stream a sound file to a Realtime WebSocket endpoint in real time (the "
+        "server's turn detection decides the turns), save the reply audio, and print the "
+        "events' timeline with TTFA.",
     )
     call.add_argument("url", help="e.g. ws://127.0.0.1:8080/v1/realtime")
     call.add_argument("--input", required=True, help="sound file to send (any format FFmpeg reads)")
@@ -256,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the input again from this many seconds after the start, over the reply",
     )
     call.add_argument("--api-key", help="Bearer key, when the server requires one")
+    call.add_argument(
+        "--turn-detection",
+        choices=["semantic_vad", "server_vad"],
+        default="semantic_vad",
+        help="semantic_vad (default): a turn ends when the end-of-turn model judges it "
+        "complete at a pause, or after 4 s of silence; server_vad: after 500 ms of silence",
+    )
     call.set_defaults(func=_call)
 
     models = sub.add_parser("models", help="build random-weight checkpoints")
@@ -347,6 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="with --mode duplex: one session for STEPS frames on a simulated clock, reporting "
         "the bytes it holds (flat once the model's windows fill)",
+    )
+    bench.add_argument(
+        "--turns",
+        action="store_true",
+        help="when replies start, server_vad against semantic_vad in one run: sessions say "
+        "recorded sentences, finished or paused 600-900 ms in the middle; reported: end of a "
+        "finished sentence to the first reply audio (p50/p95, with its parts) and how many "
+        "paused sentences got a reply before they were finished",
     )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)

@@ -5,6 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const ui = {
   connect: $("connect"), hangup: $("hangup"), camera: $("camera"), duplex: $("duplex"),
+  turns: $("turns"),
   state: $("state"),
   problem: $("problem"), transcript: $("transcript"), reply: $("reply"),
   received: $("received"), preview: $("preview"), server: $("server"),
@@ -80,8 +81,10 @@ async function connect() {
   channel = pc.createDataChannel("oai-events");
   channel.onmessage = (e) => onEvent(JSON.parse(e.data));
   channel.onopen = () => {
-    if (ui.duplex.checked === duplexDefault) return;
-    const type = ui.duplex.checked ? "duplex" : "server_vad";
+    // Turns end when a model judges the speaker finished (semantic_vad) unless the page is
+    // told otherwise; the server is told only where that differs from how it starts calls.
+    const type = ui.duplex.checked ? "duplex" : ui.turns.value;
+    if (type === (duplexDefault ? "duplex" : "server_vad")) return;
     channel.send(JSON.stringify({ type: "session.update", session: { type: "realtime",
       audio: { input: { turn_detection: { type } } } } }));
   };  try {

@@ -1,10 +1,12 @@
 """The web client in real headless Chromium with a fake microphone, against `duplex serve`."""
 
 import os
+import re
 import shutil
 import wave
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from playwright.async_api import async_playwright
@@ -18,8 +20,9 @@ RATE = 48000
 
 
 def fake_microphone(path: Path) -> Path:
-    """Speech then silence; Chromium loops the file, so turns keep coming."""
-    audio = np.concatenate([np.zeros(RATE // 2), babble(RATE * 2, rate=RATE, seed=31), np.zeros(RATE * 3)])
+    """Speech then silence; Chromium loops the file, so turns keep coming. Synthetic speech
+    tells the end-of-turn model nothing, so the silence outlasts semantic_vad's longest wait."""
+    audio = np.concatenate([np.zeros(RATE // 2), babble(RATE * 2, rate=RATE, seed=31), np.zeros(RATE * 5)])
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -62,6 +65,12 @@ async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path)
             user_lines = await page.locator("#transcript .user").count()
             assert user_lines >= 1
             assert await page.locator("#problem").is_hidden()
+            # The page asks for semantic turn detection: the end-of-turn model ended the turn,
+            # or its fallback wait did, never server_vad's silence.
+            ended = dict(re.findall(r'^duplex_turns_ended_total\{by="(\w+)"\} (\S+)$',
+                                    httpx.get(f"{server.url}/metrics").text, re.M))
+            assert float(ended["model"]) + float(ended["fallback"]) >= 1
+            assert float(ended["silence"]) == 0
         finally:
             await page.screenshot(path=str(ARTIFACTS / "browser-session.png"), full_page=True)
             await browser.close()
