@@ -53,6 +53,14 @@ class TurnDetector:
     """The request whose answer may end the turn now; None when none may."""
     requests: int = 0
 
+    @property
+    def deciding(self) -> bool:
+        """Speech has paused and the pause is running towards the point where the turn is
+        decided (scored, or ended by silence): the detector's next verdicts are on the path
+        to the reply."""
+        due = self.silence_samples if self.pause_samples is None else self.pause_samples
+        return self.speaking and 0 < self.silence_run < due
+
     def forget_speech(self) -> None:
         """End the current speech without a decision (it was judged a false interruption)."""
         self.speaking = False

@@ -110,7 +110,9 @@ class MediaClock:
                         or self.core.pause is not None)
             heard = self.guard.clean(pcm, playhead)
             self.heard.append(heard)
-            out.append(VadFeed(heard, urgent=replying))
+            # In a pause of the user's speech, the verdict that ends the turn starts the
+            # reply: it does not wait for other sessions' audio either.
+            out.append(VadFeed(heard, urgent=replying or self.detector.deciding))
         return out
 
     def released_input(self) -> list[EnginePush]:

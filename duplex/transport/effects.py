@@ -78,7 +78,8 @@ class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""
     urgent: bool = False
-    """A reply is playing or paused: a speech start pauses it, so no batching wait."""
+    """A reply is playing or paused (a speech start pauses it), or the user's speech has
+    paused (the verdict that ends the turn starts the reply): no batching wait."""
 
 
 @dataclass(frozen=True)

@@ -109,3 +109,17 @@ def test_turns_alternate_and_only_the_latest_question_of_an_unbroken_pause_ends_
     starts = [x.at_sample for x in decisions if isinstance(x, SpeechStarted)]
     assert all(a <= b for a, b in zip(starts, stops, strict=False))
     assert d.speaking == (len(kinds) % 2 == 1)
+
+
+def test_a_pause_is_deciding_until_its_verdict_is_due():
+    """What makes the session's audio urgent for the speech detector (no batching wait)."""
+    d = semantic()
+    feed(d, [0.9])
+    assert not d.deciding
+    feed(d, [0.1])
+    assert d.deciding
+    feed(d, [0.1] * 6)
+    assert not d.deciding and d.speaking
+    s = TurnDetector(silence_samples=4 * CHUNK)
+    feed(s, [0.9, 0.1, 0.1, 0.1])
+    assert s.deciding
