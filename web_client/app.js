@@ -11,7 +11,7 @@ const ui = {
   received: $("received"), preview: $("preview"), server: $("server"),
 };
 // Exposed for tests and the curious: what this page has seen.
-window.duplex = { events: [], audioBytesReceived: 0, state: "idle" };
+window.duplex = { events: [], audioBytesReceived: 0, state: "idle", turnDetection: null };
 
 let pc = null, channel = null, callPath = null, media = null, statsTimer = null;
 let assistantLine = null, userLine = null, interruptedTimer = null;
@@ -127,6 +127,12 @@ async function pollStats() {
 function onEvent(ev) {
   window.duplex.events.push(ev.type);
   switch (ev.type) {
+    case "session.created":
+    case "session.updated": {
+      const td = ev.session.audio && ev.session.audio.input.turn_detection;
+      window.duplex.turnDetection = td ? td.type : null;
+      break;
+    }
     case "input_audio_buffer.speech_started":
       userLine = line("user", "speaking...");
       userLine.dataset.start = ev.audio_start_ms;
