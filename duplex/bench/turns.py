@@ -15,7 +15,8 @@ mode:
   follows the codec's first audio until the client has it (`delivery_ms`: the engine's event
   crossing to the session loop, pacing, the socket);
 - `early_replies`: how many of the paused sentences got a reply before they were finished
-  (the turn ended in the pause), of how many;
+  (the turn ended in the pause), of how many; `finished_cut_off`: the same for the finished
+  sentences (a short pause between their words judged their end);
 - how the turns ended (silence, model, fallback) and the end-of-turn model's cost per call.
 """
 
@@ -53,6 +54,9 @@ class TurnRecord:
     delivery_ms: list[float] = field(default_factory=list)
     paused: int = 0
     early: int = 0
+    finished: int = 0
+    cut_off: int = 0
+    """Finished sentences replied to before their end (a pause inside them judged the end)."""
     unanswered: int = 0
 
 
@@ -126,6 +130,9 @@ class TurnClient:
             else:
                 t = await self._send(whole, t)
                 finished = t
+                self.rec.finished += 1
+                if any(e["type"] == "response.created" for at, e in self.events if at >= said_at):
+                    self.rec.cut_off += 1
             t = await self._quiet_until_replied(t, said_at)
             if not paused:
                 self._time(finished)
@@ -189,6 +196,8 @@ async def run_pass(engine, vad: VadService, mode: str, sessions: int, duration_s
             merged.engine_ms[stage] += c.rec.engine_ms[stage]
         merged.paused += c.rec.paused
         merged.early += c.rec.early
+        merged.finished += c.rec.finished
+        merged.cut_off += c.rec.cut_off
         merged.unanswered += c.rec.unanswered
     scored = vad.turn_end.scored - scored_before
     busy = vad.turn_end.busy_s - busy_before
@@ -201,6 +210,7 @@ async def run_pass(engine, vad: VadService, mode: str, sessions: int, duration_s
         "delivery_ms": percentiles(merged.delivery_ms),
         "early_replies": {"n": merged.early, "of": merged.paused,
                           "share": round(merged.early / merged.paused, 3) if merged.paused else None},
+        "finished_cut_off": {"n": merged.cut_off, "of": merged.finished},
         "unanswered": merged.unanswered,
         "turns_ended_by": {by: int(metrics.turns_ended.labels(by)._value.get())
                            for by in ("silence", "model", "fallback")},
@@ -250,6 +260,8 @@ def table(report: dict) -> str:
     row("  delivery after codec first audio", lambda m: pq(m["delivery_ms"]))
     row("paused sentences replied to early",
         lambda m: f"{m['early_replies']['n']} of {m['early_replies']['of']}")
+    row("finished sentences replied to before their end",
+        lambda m: f"{m['finished_cut_off']['n']} of {m['finished_cut_off']['of']}")
     row("turns ended by", lambda m: ", ".join(f"{k} {v}" for k, v in sorted(m["turns_ended_by"].items())))
     row("unanswered turns", lambda m: str(m["unanswered"]))
     row("smart turn calls (ms / call)",

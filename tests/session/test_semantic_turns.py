@@ -9,11 +9,12 @@ from duplex.session.turn_detection import ScoreTurn, TurnDetector
 
 CHUNK = 768
 PAUSE = 7 * CHUNK
+ASK = 4 * CHUNK
 WAIT = 40 * CHUNK
 
 
-def semantic() -> TurnDetector:
-    return TurnDetector(silence_samples=WAIT, pause_samples=PAUSE)
+def semantic(ask: int | None = None) -> TurnDetector:
+    return TurnDetector(silence_samples=WAIT, pause_samples=PAUSE, ask_samples=ask)
 
 
 def feed(d: TurnDetector, probs: list[float]) -> list:
@@ -64,6 +65,32 @@ def test_a_false_interruption_forgets_the_question():
     assert d.score(asked.request, 0.99) is None
 
 
+def test_asked_early_a_complete_turn_ends_once_the_pause_has_lasted():
+    d = semantic(ASK)
+    feed(d, [0.9, 0.9])
+    asked = feed(d, [0.1] * 4)
+    assert asked == [ScoreTurn(1, 0, 6 * CHUNK)]
+    assert d.score(1, 0.97) is None and d.speaking
+    assert feed(d, [0.1, 0.1]) == []
+    assert feed(d, [0.1]) == [SpeechStopped(2 * CHUNK, "model")]
+
+
+def test_asked_early_the_answer_comes_after_the_pause_and_ends_the_turn_at_once():
+    d = semantic(ASK)
+    feed(d, [0.9])
+    asked = feed(d, [0.1] * 9)[0]
+    assert d.score(asked.request, 0.8) == SpeechStopped(CHUNK, "model")
+
+
+def test_asked_early_a_pause_shorter_than_the_end_is_no_end_whatever_the_model_says():
+    d = semantic(ASK)
+    feed(d, [0.9])
+    asked = feed(d, [0.1] * 5)[0]
+    assert d.score(asked.request, 0.99) is None
+    assert feed(d, [0.9] + [0.1] * 3) == []
+    assert d.speaking
+
+
 def test_server_vad_never_asks():
     d = TurnDetector(silence_samples=4 * CHUNK)
     assert feed(d, [0.9] + [0.1] * 4) == [SpeechStarted(0), SpeechStopped(CHUNK, "silence")]
@@ -72,10 +99,12 @@ def test_server_vad_never_asks():
 steps = st.lists(st.one_of(st.floats(0, 1), st.tuples(st.floats(0, 1))), max_size=150)
 
 
-@given(steps)
-def test_turns_alternate_and_only_the_latest_question_of_an_unbroken_pause_ends_one(script):
+@given(steps, st.sampled_from([None, ASK]))
+def test_turns_alternate_and_only_the_latest_question_of_an_unbroken_pause_ends_one(script, ask):
     """Chunks (a float) and answers (a 1-tuple: to the latest question, whenever it comes)."""
-    d = semantic()
+    d = semantic(ask)
+    ask_at = PAUSE if ask is None else ask
+    said_complete = False
     decisions: list = []
     last_asked: ScoreTurn | None = None
     silence_since_asked = False
@@ -86,23 +115,31 @@ def test_turns_alternate_and_only_the_latest_question_of_an_unbroken_pause_ends_
             before = d.speaking
             out = d.score(last_asked.request, step[0])
             if out is not None:
-                # Only while the pause it was asked in lasts, and only when it said complete.
+                # Only while the pause it was asked in lasts, only once that pause is long
+                # enough, and only when it said complete.
                 assert before and silence_since_asked and step[0] >= d.complete_threshold
-                assert out.ended_by == "model"
+                assert out.ended_by == "model" and d.silence_run == 0
                 decisions.append(out)
+            elif before and silence_since_asked and step[0] >= d.complete_threshold:
+                said_complete = True
             continue
+        pause_before = d.silence_run
         out = d.feed(step, CHUNK)
         if step >= d.threshold:
-            silence_since_asked = False
+            silence_since_asked = said_complete = False
         if isinstance(out, ScoreTurn):
-            # Asked once per pause, when it has lasted PAUSE, about the turn's speech so far.
-            assert d.silence_run >= PAUSE and d.silence_run - CHUNK < PAUSE
+            # Asked once per pause, when it has lasted ask_at, about the turn's speech so far.
+            assert d.silence_run >= ask_at and d.silence_run - CHUNK < ask_at
             assert out.end == d.position and out.onset <= d.speech_end <= out.end
-            last_asked, silence_since_asked = out, True
+            last_asked, silence_since_asked, said_complete = out, True, False
         elif out is not None:
             decisions.append(out)
-            if isinstance(out, SpeechStopped):
+            if isinstance(out, SpeechStopped) and out.ended_by == "model":
+                # A pause judged complete ends the turn the moment it is long enough.
+                assert said_complete and pause_before < PAUSE <= pause_before + CHUNK
+            elif isinstance(out, SpeechStopped):
                 assert out.ended_by == "fallback"
+            said_complete = False
     kinds = [type(x) for x in decisions]
     assert kinds == [SpeechStarted, SpeechStopped] * (len(kinds) // 2) + [SpeechStarted] * (len(kinds) % 2)
     stops = [x.at_sample for x in decisions if isinstance(x, SpeechStopped)]

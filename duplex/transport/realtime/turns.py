@@ -20,6 +20,7 @@ from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.turn_detection import (
     EAGERNESS_WAIT_MS,
+    SEMANTIC_ASK_MS,
     SEMANTIC_PAUSE_MS,
     ScoreTurn,
     TurnDetector,
@@ -54,6 +55,7 @@ def detector_for(td: schema.TurnDetection | None, position: int,
         silence_samples=silence_ms(td, asks) * RATE // 1000,
         prefix_samples=td.prefix_padding_ms * RATE // 1000,
         pause_samples=SEMANTIC_PAUSE_MS * RATE // 1000 if asks else None,
+        ask_samples=SEMANTIC_ASK_MS * RATE // 1000 if asks else None,
         position=position,
     )
 

@@ -37,6 +37,7 @@ from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.turn_detection import (
     EAGERNESS_WAIT_MS,
+    SEMANTIC_ASK_MS,
     SEMANTIC_PAUSE_MS,
     ScoreTurn,
     TurnDetector,
@@ -149,7 +150,8 @@ class Options:
         return TurnDetector(threshold=self.vad_threshold,
                             silence_samples=wait_ms * RATE // 1000,
                             prefix_samples=self.prefix_padding_ms * RATE // 1000,
-                            pause_samples=SEMANTIC_PAUSE_MS * RATE // 1000 if semantic else None)
+                            pause_samples=SEMANTIC_PAUSE_MS * RATE // 1000 if semantic else None,
+                            ask_samples=SEMANTIC_ASK_MS * RATE // 1000 if semantic else None)
 
     def __post_init__(self) -> None:
         if self.turn_detection not in ("semantic_vad", "server_vad"):
