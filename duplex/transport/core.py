@@ -120,9 +120,10 @@ class MediaClock:
         opened = self.gate.flush()
         return [EnginePush(opened)] if len(opened) else []
 
-    def commit_input(self) -> list[EnginePush]:
-        """The turn is committed: the model gets what the gate still holds of it first."""
-        rest = self.gate.commit()
+    def commit_input(self, asked: bool = False) -> list[EnginePush]:
+        """The turn is committed: the model gets what the gate still holds of it first (and,
+        when the client `asked` with no speech detected, the input held back)."""
+        rest = self.gate.commit(asked)
         return [EnginePush(rest)] if len(rest) else []
 
     def input_state(self) -> ResamplerState:

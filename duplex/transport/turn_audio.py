@@ -90,11 +90,15 @@ class InputGate:
         self._release.append(self._held.since(from_clock_sample * self.model_rate // self.rate))
         self._held.clear()
 
-    def commit(self) -> np.ndarray:
-        """The turn is committed: what it still holds goes to the model now (all of it when
-        the client commits with no speech detected), and the next turn waits for its speech."""
+    def commit(self, asked: bool = False) -> np.ndarray:
+        """The turn is committed: what it still holds goes to the model now, and the next turn
+        waits for its speech. A commit the client `asked` for with no speech detected gives
+        the model what is held back (OpenAI commits the whole buffer); any other (an idle
+        timeout's) gives it nothing of that silence."""
         if self.enabled and not self.in_turn:
-            self._release.append(self._held.take())
+            held = self._held.take()
+            if asked:
+                self._release.append(held)
         self.in_turn = False
         return self.flush()
 

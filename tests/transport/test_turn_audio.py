@@ -158,3 +158,18 @@ def test_a_twilio_turn_and_a_barge_in_start_at_the_onset_less_the_prefix():
     heard = pushed(mark)
     assert len(heard) >= 20 * chunk + prefix
     assert np.allclose(heard, audio[onset - prefix : onset - prefix + len(heard)], atol=1e-6)
+
+
+def test_a_commit_the_client_asks_for_before_any_speech_is_heard_gives_the_model_the_buffer():
+    """OpenAI commits the whole buffer: audio the detector has not yet judged (or found no
+    speech in) goes to the model with the commit, up to the 3 s held back."""
+    p = RealtimeProtocol("s", model="m", model_input_rate=RATE, model_output_rate=RATE)
+    audio = np.random.default_rng(5).uniform(-0.5, 0.5, RATE).astype(np.float32)
+    c = Caller(p, audio)
+    for start in range(0, RATE, RATE // 50):
+        c.effects += p.release_output(start + RATE // 50)
+        c.effects += p.receive_audio(audio[start : start + RATE // 50])
+    assert not len(c.pushed())
+    c.effects += p.receive_text('{"type": "input_audio_buffer.commit"}')
+    assert np.array_equal(c.pushed(), audio)
+    assert c.events("input_audio_buffer.committed")
