@@ -41,7 +41,7 @@ from duplex.transport.realtime.session import RealtimeSession
 
 MODES = ("server_vad", "semantic_vad")
 PAUSE_S = (0.6, 0.9)
-REPLY_LIMIT_S = 12.0
+REPLY_LIMIT_S = 20.0
 """A turn whose reply has not ended this long after the speech is given up on (counted)."""
 STAGES = ("input", "thinker_first_token", "talker_first_codes", "codec_first_audio")
 
@@ -57,6 +57,7 @@ class TurnRecord:
     finished: int = 0
     cut_off: int = 0
     """Finished sentences replied to before their end (a pause inside them judged the end)."""
+    cut_off_last: bool = False
     unanswered: int = 0
 
 
@@ -97,12 +98,26 @@ class TurnClient:
             self.session.feed_text(message)
         return t + len(frames) * FRAME / RATE
 
+    def _settled(self, since: float) -> bool:
+        """Every turn since `since` has been committed and its reply heard to its end (or a
+        false interruption let the reply go on): the caller may speak again."""
+        last: dict[str, float] = {}
+        for at, e in self.events:
+            if at >= since:
+                last[e["type"]] = at
+        replied = "response.created" in last and not self.replying
+        open_turn = last.get("input_audio_buffer.speech_started", 0.0) > max(
+            last.get("input_audio_buffer.speech_stopped", 0.0),
+            last.get("duplex.output.resumed", 0.0))
+        unanswered = last.get("input_audio_buffer.speech_stopped", 0.0) > last.get(
+            "response.created", 0.0)
+        return replied and not open_turn and not unanswered
+
     async def _quiet_until_replied(self, t: float, said_at: float) -> float:
-        """Silence until the reply to what was said has been heard to its end."""
+        """Silence until the replies to what was said have been heard to their end."""
         while time.monotonic() - said_at < REPLY_LIMIT_S:
             t = await self._send([SILENCE], t)
-            created = [e for at, e in self.events if at >= said_at and e["type"] == "response.created"]
-            if created and not self.replying:
+            if self._settled(said_at):
                 return t
         self.rec.unanswered += 1
         return t
@@ -131,10 +146,11 @@ class TurnClient:
                 t = await self._send(whole, t)
                 finished = t
                 self.rec.finished += 1
-                if any(e["type"] == "response.created" for at, e in self.events if at >= said_at):
-                    self.rec.cut_off += 1
+                self.rec.cut_off_last = any(e["type"] == "response.created"
+                                            for at, e in self.events if at >= said_at)
+                self.rec.cut_off += self.rec.cut_off_last
             t = await self._quiet_until_replied(t, said_at)
-            if not paused:
+            if not paused and not self.rec.cut_off_last:
                 self._time(finished)
             t = await self._send([SILENCE] * round(self.rng.uniform(0.4, 0.8) * RATE / FRAME), t)
 
