@@ -185,6 +185,7 @@ async def run_pass(engine, vad: VadService, mode: str, sessions: int, duration_s
     sentences = _sentences()
     clients = [TurnClient(i, duration_s, seed) for i in range(sessions)]
     scored_before, busy_before = vad.turn_end.scored, vad.turn_end.busy_s
+    dropped_before = vad.turn_end.dropped
     # What ended each turn, as /metrics counts it.
     metrics = Metrics(engine.model.name)
     runners = []
@@ -231,6 +232,7 @@ async def run_pass(engine, vad: VadService, mode: str, sessions: int, duration_s
         "turns_ended_by": {by: int(metrics.turns_ended.labels(by)._value.get())
                            for by in ("silence", "model", "fallback")},
         "smart_turn_calls": scored,
+        "smart_turn_dropped": vad.turn_end.dropped - dropped_before,
         "smart_turn_ms_per_call": round(busy * 1000 / scored, 1) if scored else None,
     }
 
@@ -280,8 +282,9 @@ def table(report: dict) -> str:
         lambda m: f"{m['finished_cut_off']['n']} of {m['finished_cut_off']['of']}")
     row("turns ended by", lambda m: ", ".join(f"{k} {v}" for k, v in sorted(m["turns_ended_by"].items())))
     row("unanswered turns", lambda m: str(m["unanswered"]))
-    row("smart turn calls (ms / call)",
-        lambda m: f"{m['smart_turn_calls']} ({m['smart_turn_ms_per_call'] or '-'})")
+    row("smart turn turns scored (ms each), dropped unwanted",
+        lambda m: f"{m['smart_turn_calls']} ({m['smart_turn_ms_per_call'] or '-'}), "
+                  f"{m['smart_turn_dropped']}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(f"model {report['model']} on {report['device']}, {report['sessions']} sessions, "

@@ -3,8 +3,10 @@
 A session asks once per pause (not per frame), so requests are few; the worker takes all that
 wait when it wakes and scores them in one call. Batching gains little on the CPU (the graph
 costs about the same per turn either way) but never waits for company: a pause's score is on
-the reply's critical path. A turn the model fails on is answered None: no judgement, and
-the turn ends by its fallback wait.
+the reply's critical path. A request its session no longer wants by the time the worker gets
+to it (the speech went on, or a later pause asked again) is dropped unscored: when the worker
+falls behind, it spends nothing on answers nobody reads. A turn the model fails on is
+answered None: no judgement, and the turn ends by its fallback wait.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ Callback = Callable[[float | None], None]
 class _Request:
     pcm: np.ndarray
     callback: Callback
+    wanted: Callable[[], bool]
 
 
 class TurnEndService:
@@ -36,18 +39,25 @@ class TurnEndService:
         self.model = model
         self.max_batch = max_batch
         self.scored = 0
+        self.dropped = 0
+        """Requests no longer wanted when their turn came."""
         self.busy_s = 0.0
         """Seconds the worker spent scoring, for the bench."""
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="duplex-turn-end", daemon=True)
         self._thread.start()
 
-    def submit(self, pcm: np.ndarray, callback: Callback) -> None:
+    def submit(self, pcm: np.ndarray, callback: Callback,
+               wanted: Callable[[], bool] = lambda: True) -> None:
         """Score the turn in `pcm` (16 kHz float32); `callback(probability)` runs on the
-        worker with the probability that it is complete (None if the model failed)."""
-        self._queue.put(_Request(pcm, callback))
+        worker with the probability that it is complete (None if the model failed), unless
+        `wanted()` (asked on the worker, just before) says the answer is no longer needed."""
+        self._queue.put(_Request(pcm, callback, wanted))
 
     def stop(self) -> None:
+        """Stop at once: what still waits is not scored."""
+        self._stopped = True
         self._queue.put(None)
         self._thread.join(timeout=5)
 
@@ -59,11 +69,12 @@ class TurnEndService:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            requests = [r for r in batch if r is not None]
+            if self._stopped or None in batch:
+                return
+            requests = [r for r in batch if r.wanted()]
+            self.dropped += len(batch) - len(requests)
             if requests:
                 self._score(requests)
-            if None in batch:
-                return
 
     def _score(self, requests: list[_Request]) -> None:
         start = time.perf_counter()

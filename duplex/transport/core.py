@@ -34,6 +34,8 @@ SpeechCommand = cmd.SpeechStarted | cmd.SpeechStopped | cmd.VoiceActivity | Scor
 class ProtocolCore(Protocol):
     """What `SessionLoop` drives: every entry point returns the effects to carry out."""
 
+    clock: MediaClock
+
     def receive_text(self, text: str) -> list[Any]: ...
 
     def receive_bytes(self, data: bytes) -> list[Any]: ...

@@ -217,7 +217,10 @@ class SessionLoop:
         if service is None:
             self.inbox.put(TurnScored(request, None))
             return
-        service.submit(effect.pcm, lambda p: self.post(TurnScored(request, p)))
+        # Read on the worker: the detector's latest question, an int the loop replaces.
+        clock = self.protocol.clock
+        service.submit(effect.pcm, lambda p: self.post(TurnScored(request, p)),
+                       wanted=lambda: clock.detector.asked == request)
 
     async def _send(self, event: dict) -> bool:
         """False when the peer has left: the session ends quietly, nobody is there to hear why."""

@@ -99,3 +99,24 @@ def test_the_worker_scores_every_request_and_survives_a_failing_model(model):
     finally:
         service.stop()
     assert answers[0] >= 0.5 and answers[1] < 0.5 and answers[2] is None
+
+
+def test_the_worker_drops_what_its_session_no_longer_wants(model):
+    service = TurnEndService(model)
+    p = next(x for x in prompts() if x.name == "vm-delete")
+    answers: list = []
+    done = threading.Event()
+
+    def answer(name):
+        def deliver(prob):
+            answers.append(name)
+            done.set()
+        return deliver
+
+    try:
+        service.submit(p.pcm, answer("stale"), wanted=lambda: False)
+        service.submit(p.pcm, answer("wanted"))
+        assert done.wait(30)
+    finally:
+        service.stop()
+    assert answers == ["wanted"] and service.dropped == 1 and service.scored == 1
