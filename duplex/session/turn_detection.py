@@ -66,13 +66,15 @@ class TurnDetector:
     """The model judged the turn complete in this pause, before it had lasted pause_samples."""
     requests: int = 0
 
-    @property
-    def deciding(self) -> bool:
-        """Speech has paused and the pause is running towards the point where the turn is
-        decided (scored, or ended by silence): the detector's next verdicts are on the path
-        to the reply."""
-        due = self.silence_samples if self.pause_samples is None else self.pause_samples
-        return self.speaking and 0 < self.silence_run < due
+    def deciding(self, chunk: int) -> bool:
+        """Speech has paused, and the next `chunk` of silence brings the pause to a point
+        where the turn is decided (asked about, ended when judged complete, or ended by
+        silence): that verdict is on the path to the reply."""
+        if not self.speaking:
+            return False
+        due = [self.silence_samples, self.pause_samples, self.ask_samples]
+        return any(d is not None and self.silence_run < d <= self.silence_run + chunk
+                   for d in due)
 
     def forget_speech(self) -> None:
         """End the current speech without a decision (it was judged a false interruption)."""

@@ -112,9 +112,9 @@ class MediaClock:
                         or self.core.pause is not None)
             heard = self.guard.clean(pcm, playhead)
             self.heard.append(heard)
-            # In a pause of the user's speech, the verdict that ends the turn starts the
+            # The chunk that brings a pause in the user's speech to a decision starts the
             # reply: it does not wait for other sessions' audio either.
-            out.append(VadFeed(heard, urgent=replying or self.detector.deciding))
+            out.append(VadFeed(heard, urgent=replying or self.detector.deciding(self.vad_chunk)))
         return out
 
     def released_input(self) -> list[EnginePush]:

@@ -78,8 +78,9 @@ class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""
     urgent: bool = False
-    """A reply is playing or paused (a speech start pauses it), or the user's speech has
-    paused (the verdict that ends the turn starts the reply): no batching wait."""
+    """A reply is playing or paused (a speech start pauses it), or this audio completes a
+    pause in the user's speech that decides the turn (the verdict starts the reply): no
+    batching wait."""
 
 
 @dataclass(frozen=True)

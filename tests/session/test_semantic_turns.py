@@ -148,15 +148,19 @@ def test_turns_alternate_and_only_the_latest_question_of_an_unbroken_pause_ends_
     assert d.speaking == (len(kinds) % 2 == 1)
 
 
-def test_a_pause_is_deciding_until_its_verdict_is_due():
+def test_only_the_chunk_that_brings_a_pause_to_a_decision_is_deciding():
     """What makes the session's audio urgent for the speech detector (no batching wait)."""
-    d = semantic()
+    d = semantic(ASK)
     feed(d, [0.9])
-    assert not d.deciding
-    feed(d, [0.1])
-    assert d.deciding
-    feed(d, [0.1] * 6)
-    assert not d.deciding and d.speaking
+    verdicts = []
+    for _ in range(9):
+        verdicts.append(d.deciding(CHUNK))
+        feed(d, [0.1])
+    # Asked at the 4th chunk of silence, a complete turn may end at the 7th.
+    assert verdicts == [False, False, False, True, False, False, True, False, False]
     s = TurnDetector(silence_samples=4 * CHUNK)
-    feed(s, [0.9, 0.1, 0.1, 0.1])
-    assert s.deciding
+    feed(s, [0.9, 0.1, 0.1])
+    assert not s.deciding(CHUNK)
+    feed(s, [0.1])
+    assert s.deciding(CHUNK)
+    assert not TurnDetector().deciding(CHUNK)
