@@ -302,9 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"exercises every stage. {SHAPED} has Qwen3-Omni-30B-A3B's published widths (35 B "
         "parameters, 66 GiB in bf16 at full depth); --layers N caps the Thinker, the audio "
         "and vision encoders and the Talker at N layers, so that it fits (N=1: 1.9 B "
-        "parameters, 3.5 GiB), and it serves with --model PATH.",
+        "parameters, 3.5 GiB), and it serves with --model PATH. smart-turn is no build: it "
+        "fetches Smart Turn v3.2 (BSD 2-Clause), the end-of-turn model semantic_vad asks, out "
+        "of the pipecat-ai 1.14.0 wheel on PyPI into the cache dir and checks its SHA-256 "
+        "(serve does so on first use); nothing is done if it is there already.",
     )
-    build.add_argument("name", choices=["tiny-omni", "tiny-moshi", SHAPED])
+    build.add_argument("name", choices=["tiny-omni", "tiny-moshi", SHAPED, "smart-turn"])
     build.add_argument("--config", metavar="FILE")
     build.add_argument("--cache-dir", help="default: model.cache_dir from the config (.models)")
     build.add_argument("--if-missing", action="store_true", help="do nothing if it already exists")

@@ -120,3 +120,12 @@ def test_the_worker_drops_what_its_session_no_longer_wants(model):
     finally:
         service.stop()
     assert answers == ["wanted"] and service.dropped == 1 and service.scored == 1
+
+
+def test_models_build_smart_turn_names_the_checked_graph(smart_turn_path, capsys):
+    """What `make serve` and `make test` run first (here with the graph already there)."""
+    from duplex.cli import main
+
+    cache = str(smart_turn_path.parent.parent)
+    assert main(["models", "build", "smart-turn", "--if-missing", "--cache-dir", cache]) == 0
+    assert str(smart_turn_path) in capsys.readouterr().out
