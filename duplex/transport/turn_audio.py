@@ -119,9 +119,10 @@ class InputGate:
 
 
 class HeardAudio:
-    """The speech detector's input (16 kHz), the last `keep_s` seconds of it."""
+    """The speech detector's input (16 kHz), the last `keep_s` seconds of it: the 8 s the
+    end-of-turn model hears, and the detector's lag behind the latest audio."""
 
-    def __init__(self, rate: int, keep_s: float = 10.0) -> None:
+    def __init__(self, rate: int, keep_s: float = 8.5) -> None:
         self.rate = rate
         self._span = _Span(round(keep_s * rate))
 
