@@ -29,6 +29,9 @@ RUN pip install --no-cache-dir -e .
 # The embedded default model (tiny, random weights) so the image serves out of the box; real
 # checkpoints are mounted and named with --model PATH. Nothing is downloaded at run time.
 RUN duplex models build tiny-omni
+# semantic_vad's end-of-turn model (Smart Turn v3.2, BSD 2-Clause), out of the pipecat-ai wheel
+# on PyPI, its SHA-256 checked, with its licence beside it.
+RUN duplex models build smart-turn
 
 # configs/ is read from here: mount your own over it.
 VOLUME ["/app/configs"]

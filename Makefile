@@ -32,20 +32,25 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The embedded default serves the tiny random-weight Qwen3-Omni; build it on first start.
+# The embedded default serves the tiny random-weight Qwen3-Omni; build it on first start, and
+# fetch semantic_vad's end-of-turn model (Smart Turn v3.2, from the pipecat-ai wheel on PyPI).
 serve: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(VENV)/bin/duplex serve
 
 test: $(VENV)/.test system-deps
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(PY) -m pytest -q --durations=25
 
 # The inner loop: everything but the tests marked slow (real servers, browsers, clients).
 test-fast: $(VENV)/.test system-deps
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(VENV)/bin/duplex bench --baseline per-session
 
 # The first run on a GPU host (duplex/gpucheck; README, "The GPU check"). The host has its own

@@ -127,6 +127,13 @@ class TelephonySettings(_Section):
     """Reply audio is sent at most this far ahead of the caller's playback."""
     min_interruption_ms: int = Field(400, ge=0, le=10_000)
     """Speech over a reply pauses it; only speech this long cancels it (0: at once)."""
+    turn_detection: Literal["semantic_vad", "server_vad"] = "semantic_vad"
+    """How a caller's turn ends: semantic_vad, when the end-of-turn model (turns.model) judges
+    it complete at a short pause, or after `eagerness`'s longest wait; server_vad, after
+    500 ms of silence."""
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    """semantic_vad's longest wait for a turn the model does not judge complete: 8, 4, 2 s
+    (auto: medium)."""
     noise_reduction: Literal["", "near_field", "far_field"] = ""
     """The echo guard's strength for calls (as a Realtime session's
     audio.input.noise_reduction); empty: the guard alone."""
@@ -192,6 +199,16 @@ class TranscriptionSettings(_Section):
     """Utterances waiting to be recognised, all sessions together; past it one fails at once."""
 
 
+class TurnSettings(_Section):
+    model: str = "smart-turn-v3.2"
+    """The end-of-turn model semantic_vad asks at a pause: smart-turn-v3.2 (Smart Turn v3.2,
+    BSD 2-Clause; fetched on first use into model.cache_dir from the pipecat-ai 1.14.0 wheel
+    on PyPI, its hash checked), the path of a Smart Turn ONNX file, or "" for none (semantic_vad
+    then ends a turn after a silence its eagerness sets)."""
+    threads: int = Field(1, ge=1)
+    """CPU threads for one scoring call."""
+
+
 class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
@@ -205,6 +222,7 @@ class Settings(_Section):
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     transcription: TranscriptionSettings = TranscriptionSettings()
+    turns: TurnSettings = TurnSettings()
 
     @model_validator(mode="after")
     def _lease_outlives_renewal(self) -> Settings:

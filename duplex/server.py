@@ -30,6 +30,7 @@ from duplex.engine import (
 from duplex.engine.vad import VadService
 from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.observability.metrics import Metrics
+from duplex.smart_turn import SmartTurn, TurnEndService, resolve
 from duplex.store import SessionRegistry, open_store
 from duplex.store.seats import RedisSeats
 from duplex.transcription import Transcriber
@@ -144,7 +145,11 @@ def create_app(settings: Settings) -> Starlette:
         ts = settings.transcription
         transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)
         await asyncio.to_thread(echo_guard_warm_up)
-        parts.update(engine=engine, vad=VadService(), transcriber=transcriber)
+        turns = settings.turns
+        turn_path = await asyncio.to_thread(resolve, turns.model, settings.model.cache_dir)
+        turn_end = (TurnEndService(SmartTurn(turn_path, turns.threads))
+                    if turn_path is not None else None)
+        parts.update(engine=engine, vad=VadService(turn_end=turn_end), transcriber=transcriber)
         model = engine.model
         log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,
                  " in the engine process" if es.process else "")
@@ -191,6 +196,7 @@ def create_app(settings: Settings) -> Starlette:
         TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit,
                       duplex=duplex_default,
                       min_interruption_ms=ts.min_interruption_ms,
+                      turn_detection=ts.turn_detection, eagerness=ts.eagerness,
                       noise_reduction=ts.noise_reduction or None),
         metrics, hub,
     )

@@ -208,3 +208,13 @@ def mcp_servers():
     servers = McpServers()
     yield servers
     servers.stop()
+
+
+@pytest.fixture(scope="session")
+def smart_turn_path():
+    """Smart Turn v3.2's graph in the model cache dir (.models), fetched there on first use
+    as `duplex models build smart-turn` and `duplex serve` do."""
+    from duplex.config import load_settings
+    from duplex.smart_turn import fetch
+
+    return fetch(load_settings(None).model.cache_dir)

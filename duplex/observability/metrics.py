@@ -69,6 +69,14 @@ class Metrics:
             "Onset of the user's speech over a reply (media clock) to the reply being cut",
             buckets=latency, registry=self.registry,
         )
+        self.turns_ended = Counter(
+            "duplex_turns_ended", "User turns ended and committed by the turn detector, by what "
+            "ended them: silence (server_vad), model (semantic_vad's end-of-turn model judged "
+            "the turn complete at a pause) or fallback (semantic_vad's longest wait)", ["by"],
+            registry=self.registry,
+        )
+        for by in ("silence", "model", "fallback"):
+            self.turns_ended.labels(by)
         self.interruptions = Counter(
             "duplex_interruptions", "Replies cut by the user's speech over them",
             registry=self.registry,

@@ -78,7 +78,26 @@ class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""
     urgent: bool = False
-    """A reply is playing or paused: a speech start pauses it, so no batching wait."""
+    """A reply is playing or paused (a speech start pauses it), or this audio completes a
+    pause in the user's speech that decides the turn (the verdict starts the reply): no
+    batching wait."""
+
+
+@dataclass(frozen=True)
+class ScoreTurnEnd:
+    """Ask the end-of-turn model (duplex.smart_turn) whether the turn in `pcm` (16 kHz, up to
+    the pause now under way) is complete; its answer comes back as a TurnScored message."""
+
+    request: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    """The user's turn ended and was committed; `by` says what ended it (counted): silence,
+    model or fallback (duplex.session.commands.SpeechStopped)."""
+
+    by: str
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,15 @@ class SpeechProbs:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnScored:
+    """The end-of-turn model's answer to a session's `request`: the probability that the
+    turn is complete, or None when it could not judge."""
+
+    request: int
+    complete: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     pass
 
@@ -107,11 +116,11 @@ class McpCalled:
 
 
 Message = (
-    PeerText | PeerBytes | EngineOutput | SpeechProbs | Tick | CarrierGone | Shutdown
-    | MediaAudio | MediaFrame | Fenced | TranscriptReady | McpListed | McpCalled
+    PeerText | PeerBytes | EngineOutput | SpeechProbs | TurnScored | Tick | CarrierGone
+    | Shutdown | MediaAudio | MediaFrame | Fenced | TranscriptReady | McpListed | McpCalled
 )
 
-_URGENT = (SpeechProbs, CarrierGone, Shutdown, Fenced)
+_URGENT = (SpeechProbs, TurnScored, CarrierGone, Shutdown, Fenced)
 _FROM_PEER = (PeerText, PeerBytes, MediaAudio, MediaFrame)
 
 

@@ -118,9 +118,11 @@ class InputAudio:
                                 f"Error committing input audio buffer: buffer too small. Expected at "
                                 f"least 100ms of audio, but buffer only has "
                                 f"{self.uncommitted_samples * 1000 // RATE}ms of audio.")
-        self.commit_as(out, self.speech_item_id or self.events.new_id("item"))
+        self.commit_as(out, self.speech_item_id or self.events.new_id("item"), asked=True)
 
-    def commit_as(self, out: list, item_id: str) -> Item:
+    def commit_as(self, out: list, item_id: str, asked: bool = False) -> Item:
+        """`asked`: the client committed; what input is held back goes to the model too."""
+        out += self.clock.commit_input(asked)
         item = Item(item_id, role="user", content_type="input_audio")
         previous = self.conversation.append(item)
         self.uncommitted_samples = 0
@@ -135,6 +137,7 @@ class InputAudio:
     def clear(self, out: list) -> None:
         self.uncommitted_samples = 0
         self._asr_audio = []
+        self.clock.gate.clear()
         out.append(EngineClearInput())
         self.events.emit(out, "input_audio_buffer.cleared")
 

@@ -46,7 +46,9 @@ from duplex.transport.effects import (
     InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
+    ScoreTurnEnd,
     Send,
+    TurnEnded,
     VadFeed,
 )
 from duplex.transport.realtime import resume, schema
@@ -79,7 +81,7 @@ Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
-    | InterruptionJudged | ListTools | CallTool
+    | InterruptionJudged | ListTools | CallTool | ScoreTurnEnd | TurnEnded
 )
 
 
@@ -114,8 +116,11 @@ class RealtimeProtocol:
         native_duplex: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
         start_duplex: bool = False,
+        turn_model: bool = False,
     ) -> None:
         self.session_id = session_id
+        self.turn_model = turn_model
+        """The server has the end-of-turn model, which semantic_vad asks at a pause."""
         self.resume_token = resume_token
         """Sent once, in session.created (and session.resumed); the registry keeps its hash."""
         self.model = model
@@ -134,12 +139,13 @@ class RealtimeProtocol:
             session_id, rate=RATE, model_input_rate=model_input_rate,
             model_output_rate=model_output_rate,
             lead_samples=self.limits.output_lead_ms * RATE // 1000,
-            detector=detector_for(self.turn_detection, 0),
+            detector=detector_for(self.turn_detection, 0, turn_model),
             video_interval_samples=video_interval_samples,
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
         self._apply_interruption()
+        self._gate_input()
         self.events = EventWriter(beta)
         self.conversation = Conversation()
         self.mcp = McpTools(self.events, self.conversation, self._follow_up)
@@ -404,8 +410,16 @@ class RealtimeProtocol:
         detection_changed = new.turn_detection != self.settings.turn_detection
         self.settings = new
         if detection_changed:
-            self.clock.detector = detector_for(self.turn_detection, self.input.samples)
+            self.clock.detector = detector_for(self.turn_detection, self.input.samples,
+                                               self.turn_model)
         self._apply_interruption()
+        self._gate_input()
+
+    def _gate_input(self) -> None:
+        """Where turns are detected, the model hears each turn from its speech onset (less the
+        prefix padding); without detection (the client commits) or in native duplex, all of it."""
+        td = self.turn_detection
+        self.clock.gate.enabled = td is not None and td.type != "duplex"
 
     def _apply_interruption(self) -> None:
         """turn_detection.min_interruption_ms and audio.input.noise_reduction, into the core and
@@ -462,6 +476,12 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.turn_detection is not None and not self.closed:
             self.turns.on_vad(out, probs, early, duplex=self.segments is not None)
+        return out
+
+    def on_turn_score(self, request: int, complete: float | None) -> list[Effect]:
+        out: list[Effect] = []
+        if self.turn_detection is not None and not self.closed and self.segments is None:
+            self.turns.on_turn_score(out, request, complete)
         return out
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:

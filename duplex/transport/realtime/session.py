@@ -126,6 +126,7 @@ class RealtimeSession(SessionLoop):
             transcription_models=transcriber.names if transcriber is not None else (),
             native_duplex=engine.model.duplex_delay_frames is not None,
             start_duplex=duplex_default,
+            turn_model=vad.turn_end is not None,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media
