@@ -1,8 +1,10 @@
 """The Realtime conversation: its items in order, as the client sees them and as a resume
 restores them.
 
-Three kinds of item, as in OpenAI's API: messages (user, assistant, system; one content part
-each here), the model's function calls, and the client's function call outputs.
+Three kinds of item, as in OpenAI's API: messages (user, assistant, system; a client's may hold
+several content parts, a reply holds one), function calls (the model's or a client's), and the
+client's function call outputs. Each item names the part of the model's context it laid
+(`unit`, see model_context.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ class Item:
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+    content: list[dict[str, Any]] | None = None
+    """A client message's content parts as it sent them (audio left out); None: the one part
+    the fields above describe."""
+    unit: int | None = None
+    """The part of the model's context this item laid (a reply's items share one)."""
 
     def set_spoken(self, text: str) -> None:
         """The reply's text so far, where its content part keeps it."""
@@ -44,6 +51,10 @@ class Item:
                     "arguments": self.arguments}
         if self.type == "function_call_output":
             return {**base, "call_id": self.call_id, "output": self.output}
+        if self.content is not None:
+            parts = [{**p, "transcript": self.transcript} if p["type"] == "input_audio" else p
+                     for p in self.content]
+            return {**base, "role": self.role, "content": parts}
         part: dict[str, Any] = {"type": self.content_type}
         if self.content_type in ("input_audio", "output_audio"):
             part["transcript"] = self.transcript
@@ -54,7 +65,8 @@ class Item:
     def record(self) -> dict[str, Any]:
         """Plain JSON for the session registry; `from_record` reads it back."""
         out: dict[str, Any] = {"id": self.id, "item_type": self.type, "status": self.status}
-        for name in ("role", "transcript", "text", "call_id", "name", "arguments", "output"):
+        for name in ("role", "transcript", "text", "call_id", "name", "arguments", "output",
+                     "content", "unit"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -78,6 +90,8 @@ class Item:
             name=data.get("name"),
             arguments=data.get("arguments"),
             output=data.get("output"),
+            content=data.get("content"),
+            unit=data.get("unit"),
         )
 
 

@@ -24,6 +24,7 @@ from duplex.transport.effects import EngineClearInput
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import EventWriter
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.replies import G711_LAWS
 from duplex.transport.realtime.session_config import SessionSettings
 
@@ -44,9 +45,10 @@ class Transcribe:
 
 class InputAudio:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 settings: Callable[[], SessionSettings], *, max_lead_ms: int,
-                 transcription_models: tuple[str, ...]) -> None:
+                 settings: Callable[[], SessionSettings], context: ModelContext, *,
+                 max_lead_ms: int, transcription_models: tuple[str, ...]) -> None:
         self.clock = clock
+        self.context = context
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -85,6 +87,19 @@ class InputAudio:
             return pcm16_to_float(data)
         return self._g711_in.process(g711_to_float(data, G711_LAWS[fmt]))
 
+    def decode_item_audio(self, audio: str, param: str) -> np.ndarray:
+        """An item's audio part (base64 in the session's input format) as float32 at 24 kHz,
+        apart from the input stream (whose resampler state it must not touch)."""
+        try:
+            data = base64.b64decode(audio, validate=True)
+            fmt = self.settings().input_format
+            if fmt == "audio/pcm":
+                return pcm16_to_float(data)
+            return Resampler(8000, RATE).process(g711_to_float(data, G711_LAWS[fmt]), last=True)
+        except (binascii.Error, ValueError, PcmError) as exc:
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': {exc}.",
+                                param) from None
+
     def g711_state(self) -> ResamplerState | None:
         """Where the G.711 upsampler stands; None while no G.711 audio has come in."""
         return self._g711_in.state() if self._g711_in.fed else None
@@ -107,6 +122,7 @@ class InputAudio:
         if n == 0:
             return
         settings = self.settings()
+        self.context.open_tail(out)
         out += self.clock.input_effects(pcm, detect_speech=settings.turn_detection is not None)
         if settings.transcription is not None:
             self._asr_audio.append(self._to_asr.process(pcm))
@@ -121,7 +137,8 @@ class InputAudio:
         self.commit_as(out, self.speech_item_id or self.events.new_id("item"))
 
     def commit_as(self, out: list, item_id: str) -> Item:
-        item = Item(item_id, role="user", content_type="input_audio")
+        item = Item(item_id, role="user", content_type="input_audio",
+                    unit=self.context.commit_tail())
         previous = self.conversation.append(item)
         self.uncommitted_samples = 0
         self.speech_item_id = None
@@ -135,7 +152,10 @@ class InputAudio:
     def clear(self, out: list) -> None:
         self.uncommitted_samples = 0
         self._asr_audio = []
-        out.append(EngineClearInput())
+        if self.context.enabled:
+            self.context.drop_tail()
+        else:
+            out.append(EngineClearInput())
         self.events.emit(out, "input_audio_buffer.cleared")
 
     # -- transcription ----------------------------------------------------------------------
@@ -165,6 +185,13 @@ class InputAudio:
         self._to_asr = Resampler(RATE, ASR_RATE)
         pcm = np.concatenate([*audio, tail]) if audio else tail
         out.append(Transcribe(item.id, config.get("model") or OPENAI_TRANSCRIBE, pcm))
+
+    def transcribe_item(self, out: list, item: Item, pcm: np.ndarray) -> None:
+        """A created item's audio (float32 at 24 kHz) goes to the recogniser."""
+        config = self.settings().transcription
+        if config is not None:
+            out.append(Transcribe(item.id, config.get("model") or OPENAI_TRANSCRIBE,
+                                  Resampler(RATE, ASR_RATE).process(pcm, last=True)))
 
     def on_transcript(self, out: list, item_id: str, text: str | None, error: str | None,
                       audio_s: float) -> None:

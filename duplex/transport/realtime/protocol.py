@@ -36,10 +36,13 @@ from duplex.transport.effects import (
     EngineClearInput,
     EngineCommit,
     EngineInstruct,
+    EngineMark,
     EnginePush,
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
+    EngineReplay,
+    EngineRewind,
     EngineSetDuplex,
     FlushAudio,
     InterruptionJudged,
@@ -55,6 +58,7 @@ from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.input_audio import InputAudio, Transcribe
 from duplex.transport.realtime.items import Items
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.native_duplex import NativeDuplex
 from duplex.transport.realtime.replies import Replies
 from duplex.transport.realtime.resume import ResumeSession
@@ -77,7 +81,7 @@ Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
-    | InterruptionJudged
+    | InterruptionJudged | EngineMark | EngineRewind | EngineReplay
 )
 
 
@@ -108,6 +112,7 @@ class RealtimeProtocol:
         voices: Voices | None = None,
         transcription_models: tuple[str, ...] = (),
         native_duplex: bool = False,
+        rewinds_context: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
         start_duplex: bool = False,
     ) -> None:
@@ -138,17 +143,20 @@ class RealtimeProtocol:
         self._apply_interruption()
         self.events = EventWriter(beta)
         self.conversation = Conversation()
+        self.context = ModelContext(self.conversation, rewinds_context,
+                                    lambda: self._told_instructions)
         self.replies = Replies(self.clock, self.events, self.conversation, self.voices,
-                               media_track=media_track, conversation_id=_conversation_id(session_id))
+                               self.context, media_track=media_track,
+                               conversation_id=_conversation_id(session_id))
         self.input = InputAudio(self.clock, self.events, self.conversation, lambda: self.settings,
-                                max_lead_ms=self.limits.max_input_lead_ms,
+                                self.context, max_lead_ms=self.limits.max_input_lead_ms,
                                 transcription_models=transcription_models)
         self.turns = Turns(self.clock, self.events, self.replies, self.input,
                            lambda: self.settings, beta)
         self.duplex = NativeDuplex(self.clock, self.events, self.replies, native=native_duplex,
                                    models=duplex_models, model=model, beta=beta)
         self.items = Items(self.clock, self.events, self.conversation, self.input, self.replies,
-                           self.duplex.cancel)
+                           self.context, self.duplex.cancel, model_input_rate)
         self.errors = 0
         self.client_events = 0
         self.closed = False
@@ -305,17 +313,20 @@ class RealtimeProtocol:
         out.append(ResumeSession(event.session_id, event.resume_token))
 
     def resumed(self, session_id: str, conversation: list[dict[str, Any]],
-                config: dict[str, Any], context: dict[str, Any] | None = None) -> list[Effect]:
+                config: dict[str, Any], context: dict[str, Any] | None = None,
+                units: list[int] = ()) -> list[Effect]:
         """The edge claimed `session_id`: continue its conversation on this connection.
         Nothing is replayed: items come back as they were heard and no audio is resent.
 
         `context` says how much of the model's context the edge put back (the extension field
         `rebuilt_context`); the engine then holds the system turn that context opened with,
-        and the session's instructions reach it with the next reply, as they did before."""
+        and the session's instructions reach it with the next reply, as they did before.
+        `units` are the parts of it that conversation items laid, in order."""
         self.session_id = session_id
         self.core.id = session_id
         self.replies.conversation_id = _conversation_id(session_id)
         self.conversation.replace_all([Item.from_record(i) for i in conversation])
+        self.context.restore(list(units))
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
         fields: dict[str, Any] = {"session": self._session_with_token()}
@@ -526,6 +537,8 @@ class RealtimeProtocol:
         if not self.closed:
             self.replies.release(out, now)
             self.turns.check_idle(out, now)
+            active = self.response.item.unit if self.response is not None else None
+            self.context.sync(out, active)
         return out
 
     def close(self) -> dict[str, int]:

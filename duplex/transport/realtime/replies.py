@@ -20,6 +20,7 @@ from duplex.transport.core import MediaClock
 from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, PlayAudio
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.session_config import ResponseSettings, Voices
 
 G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
@@ -27,8 +28,10 @@ G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 class Replies:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 voices: Voices, *, media_track: bool, conversation_id: str) -> None:
+                 voices: Voices, context: ModelContext, *, media_track: bool,
+                 conversation_id: str) -> None:
         self.clock = clock
+        self.context = context
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -46,14 +49,17 @@ class Replies:
         """Begin a reply; `commit` asks the engine for it (a duplex model began it itself)."""
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
+        # The engine is told of the edits before the reply, and the reply starts its own unit.
+        unit = self.context.begin_reply(out) if commit else None
         new_id = self.events.new_id
         if settings.audio:
             item = Item(new_id("item"), role="assistant", content_type="output_audio",
-                        transcript="", status="in_progress", response_id=started.response_id)
+                        transcript="", status="in_progress", response_id=started.response_id,
+                        unit=unit)
             part = {"type": "audio", "transcript": ""}
         else:
             item = Item(new_id("item"), role="assistant", content_type="output_text", text="",
-                        status="in_progress", response_id=started.response_id)
+                        status="in_progress", response_id=started.response_id, unit=unit)
             part = {"type": "text", "text": ""}
         self.active = r = ActiveResponse(new_id("resp"), started.response_id, started.epoch,
                                          item, settings)
@@ -162,7 +168,8 @@ class Replies:
 
     def _new_call(self, out: list, r: ActiveResponse, index: int, name: str) -> Item:
         item = Item(self.events.new_id("item"), type="function_call", status="in_progress",
-                    call_id=self.events.new_id("call"), name=name, arguments="")
+                    call_id=self.events.new_id("call"), name=name, arguments="",
+                    unit=r.item.unit)
         r.calls[index] = item
         output_index = len(r.calls)
         if r.settings.conversation != "none":
