@@ -46,7 +46,8 @@ def call_text(text: str) -> str:
 
 class ConversationTurns:
     """What `Thinker` adds for a conversation a client edits; it provides `ids`, `kv`,
-    `tokenizer`, `push_text`, `close_reply`, `close_audio`, `_fits` and `forward`."""
+    `tokenizer`, `push_text`, `close_reply`, `close_audio`, `_fits`, `_open_head`, `forward`,
+    `prefix_cache` and `version`."""
 
     def end_turn(self, sess: Session) -> None:
         """Close the turn that is open: a reply that ended, or the user's."""
@@ -84,7 +85,7 @@ class ConversationTurns:
         mark = sess.marks[at]
         del sess.marks[at:]
         if sess.pending and self._fits(sess):
-            self.forward([sess])
+            self.forward_pending([sess])
         sess.pending = []
         if sess.thinker_slot is not None:
             length = self.kv.length[sess.thinker_slot]
@@ -99,6 +100,17 @@ class ConversationTurns:
             held = torch.cat(sess.talker_ctx)
             sess.talker_ctx = [held[: max(0, held.shape[0] - drop)]]
         sess.talker_taken = mark.talker
+
+    def forward_pending(self, sessions: list[Session]) -> None:
+        """Forward the sessions' pending positions; a head pending alone (a mark laid before any
+        input) is copied from the prefix cache where it can be, leaving nothing to forward."""
+        for sess in sessions:
+            if sess.head and len(sess.pending) == 1 and sess.prefix is None \
+                    and (self.version, sess.head) in self.prefix_cache:
+                self._open_head(sess)
+        sessions = [sess for sess in sessions if sess.pending]
+        if sessions:
+            self.forward(sessions)
 
     def marks_follow_head(self, sess: Session) -> None:
         """The head was replaced while nothing followed it: the marks there carry its system

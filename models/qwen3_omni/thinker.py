@@ -200,9 +200,7 @@ class Thinker(ConversationTurns):
                 else:
                     self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
-        rows = [sess for sess in rows if self._fits(sess)]
-        if rows:
-            self.forward(rows)
+        self.forward_pending([sess for sess in rows if self._fits(sess)])
 
     def begin(self, sess: Session, instructions: str = "",
               tools: tuple[dict[str, Any], ...] = ()) -> None:

@@ -16,6 +16,7 @@ replies (replies.py), native duplex (native_duplex.py) and what a resume reads (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -111,6 +112,7 @@ class RealtimeProtocol:
         duplex_events: bool = False,
         voices: Voices | None = None,
         transcription_models: tuple[str, ...] = (),
+        transcription_languages: Callable[[str], tuple[str, ...] | None] = lambda model: None,
         native_duplex: bool = False,
         rewinds_context: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
@@ -150,7 +152,8 @@ class RealtimeProtocol:
                                conversation_id=_conversation_id(session_id))
         self.input = InputAudio(self.clock, self.events, self.conversation, lambda: self.settings,
                                 self.context, max_lead_ms=self.limits.max_input_lead_ms,
-                                transcription_models=transcription_models)
+                                transcription_models=transcription_models,
+                                transcription_languages=transcription_languages)
         self.turns = Turns(self.clock, self.events, self.replies, self.input,
                            lambda: self.settings, beta)
         self.duplex = NativeDuplex(self.clock, self.events, self.replies, native=native_duplex,
@@ -433,6 +436,10 @@ class RealtimeProtocol:
             raise ProtocolError("invalid_request_error",
                                 "In duplex mode the model decides when to speak; "
                                 "response.create is not available.")
+        if self.settings.type == "transcription":
+            raise ProtocolError("invalid_request_error",
+                                "A transcription session transcribes the user's turns and never "
+                                "replies; response.create is not available.", "type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: "
@@ -520,11 +527,12 @@ class RealtimeProtocol:
         return out
 
     def on_transcript(self, item_id: str, text: str | None, error: str | None,
-                      audio_s: float) -> list[Effect]:
-        """The recogniser's answer for a user audio item: its transcript, or why there is none."""
+                      audio_s: float, partial: bool = False) -> list[Effect]:
+        """The recogniser's answer for a user audio item: its transcript, or why there is none;
+        a partial one, for audio not yet committed."""
         out: list[Effect] = []
         if not self.closed:
-            self.input.on_transcript(out, item_id, text, error, audio_s)
+            self.input.on_transcript(out, item_id, text, error, audio_s, partial)
         return out
 
     def on_playback(self, played_sample: int) -> None:

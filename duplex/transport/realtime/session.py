@@ -125,6 +125,8 @@ class RealtimeSession(SessionLoop):
             duplex_events=duplex_events,
             voices=Voices(engine.model.voices, engine.model.default_voice),
             transcription_models=transcriber.names if transcriber is not None else (),
+            transcription_languages=(transcriber.languages if transcriber is not None
+                                     else lambda model: None),
             native_duplex=engine.model.duplex_delay_frames is not None,
             rewinds_context=engine.model.rewinds_context,
             start_duplex=duplex_default,
@@ -278,7 +280,8 @@ class RealtimeSession(SessionLoop):
     def _transcript(self, message: TranscriptReady) -> list:
         r = message.result
         return self.protocol.on_transcript(message.item_id, r.text,
-                                           r.error.message if r.error else None, r.audio_s)
+                                           r.error.message if r.error else None, r.audio_s,
+                                           message.partial)
 
     async def _push_image(self, data: bytes) -> bool:
         """Decode off the event loop; a bad image is the client's error, the session goes on."""
@@ -363,12 +366,13 @@ class RealtimeSession(SessionLoop):
         return False
 
     def _transcribe(self, effect: Transcribe) -> None:
-        item_id = effect.item_id
+        item_id, partial = effect.item_id, effect.partial
         if self.transcriber is None:
-            self.inbox.put(TranscriptReady(item_id, _NO_TRANSCRIBER))
+            self.inbox.put(TranscriptReady(item_id, _NO_TRANSCRIBER, partial))
             return
-        self.transcriber.submit(effect.model, effect.pcm,
-                                lambda result: self.post(TranscriptReady(item_id, result)))
+        self.transcriber.submit(
+            effect.model, effect.pcm,
+            lambda result: self.post(TranscriptReady(item_id, result, partial)), effect.hints)
 
     def _observe(self, event: dict) -> None:
         """Feed TTFA and barge-in latency (a barge-in's speech_started and its cleared come in
