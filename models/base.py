@@ -71,6 +71,9 @@ class Rewind:
     after it (that mark and later ones too): the positions before it keep their KV."""
 
     key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
+    """The session's instructions and tools, for a context rewound to its head: they open it
+    again (as `instruct` does a new one)."""
 
 
 @dataclass(frozen=True)

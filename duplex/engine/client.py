@@ -194,14 +194,16 @@ class EngineClient(ABC):
         self._flush(session_id, framer)
         self._submit(m.PushText(session_id, Mark(key)))
 
-    def rewind(self, session_id: str, key: int) -> None:
-        """The model's context back to the boundary `key`; audio not yet framed is dropped
-        with what follows it."""
+    def rewind(self, session_id: str, key: int,
+               system: tuple[str, tuple[dict[str, Any], ...]] | None = None) -> None:
+        """The model's context back to the boundary `key` (where it reaches the head, opened
+        again with `system`: instructions and tools); audio not yet framed is dropped with
+        what follows it."""
         framer = self._framer(session_id)
         if framer is None or not self.model.rewinds_context:
             return
         framer.flush()
-        self._submit(m.PushText(session_id, Rewind(key)))
+        self._submit(m.PushText(session_id, Rewind(key, system)))
 
     def instruct(self, session_id: str, instructions: str,
                  tools: tuple[dict[str, Any], ...]) -> None:

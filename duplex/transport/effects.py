@@ -46,9 +46,11 @@ class EngineMark:
 
 @dataclass(frozen=True)
 class EngineRewind:
-    """The model's context back to where item part `key` started; it and all after it go."""
+    """The model's context back to where item part `key` started; it and all after it go.
+    Back at the head, `system` (instructions, tools) opens the context again."""
 
     key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,8 @@ class Thinker(ConversationTurns):
                 continue
             if isinstance(feat, Rewind):
                 self.rewind(sess, feat.key)
+                if feat.system is not None:
+                    self.instruct(sess, *feat.system)
                 continue
             own = isinstance(feat, TextTurn) and feat.role in OWN_TURNS
             if isinstance(feat, (Mark, ReplyTurn)) or own:

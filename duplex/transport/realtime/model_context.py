@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duplex.transport.effects import EngineInstruct, EngineMark, EngineReplay, EngineRewind
+from duplex.transport.effects import EngineMark, EngineReplay, EngineRewind
 from duplex.transport.realtime.conversation import Conversation
 
 
@@ -107,10 +107,8 @@ class ModelContext:
         if rest:
             if active is not None and active in rest:
                 return
-            out.append(EngineRewind(rest[0]))
-            if same == 0:
-                # Back at the head: the system turn may be the session's latest again.
-                out.append(EngineInstruct(*self.instructions()))
+            # Back at the head, the system turn opening the context is the session's latest.
+            out.append(EngineRewind(rest[0], self.instructions() if same == 0 else None))
         for key in desired[same:]:
             if key in rest:
                 out.append(EngineReplay(key))

@@ -163,6 +163,8 @@ class RealtimeProtocol:
         self.errors = 0
         self.client_events = 0
         self.closed = False
+        self.more_waiting: Callable[[], bool] = lambda: False
+        """Whether more input waits to be handled (the edge says)."""
 
     # -- event framing and the session's state -----------------------------------------------
 
@@ -545,8 +547,11 @@ class RealtimeProtocol:
         if not self.closed:
             self.replies.release(out, now)
             self.turns.check_idle(out, now)
-            active = self.response.item.unit if self.response is not None else None
-            self.context.sync(out, active)
+            # A burst of edits (a client replacing its history item by item) is laid once,
+            # when the burst is over, not once per event.
+            if not self.more_waiting():
+                active = self.response.item.unit if self.response is not None else None
+                self.context.sync(out, active)
         return out
 
     def close(self) -> dict[str, int]:

@@ -132,6 +132,7 @@ class RealtimeSession(SessionLoop):
             start_duplex=duplex_default,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
+        protocol.more_waiting = lambda: self.inbox.qsize() > 0
         self.media = media
         """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
         self.quota = quota
@@ -250,6 +251,8 @@ class RealtimeSession(SessionLoop):
             c.mark(effect.key)
         elif isinstance(effect, EngineRewind):
             self._cut.update(c.rewind(effect.key))
+            if effect.system is not None:
+                c.instruct(*effect.system)
         elif isinstance(effect, EnginePushImage):
             c.image(effect.data)
         return effect
@@ -321,7 +324,7 @@ class RealtimeSession(SessionLoop):
         elif isinstance(effect, EngineMark):
             self.engine.mark(sid, effect.key)
         elif isinstance(effect, EngineRewind):
-            self.engine.rewind(sid, effect.key)
+            self.engine.rewind(sid, effect.key, effect.system)
         elif isinstance(effect, EngineReplay):
             return await self._replay(effect.key)
         elif isinstance(effect, InterruptionJudged):
