@@ -176,16 +176,17 @@ class Thinker(ConversationTurns):
                 if feat.system is not None:
                     self.instruct(sess, *feat.system)
                 continue
+            if isinstance(feat, Mark):
+                # What it closes is forwarded with what comes next (`rewind` sees to it).
+                self.mark(sess, feat.key)
+                continue
             own = isinstance(feat, TextTurn) and feat.role in OWN_TURNS
-            if isinstance(feat, (Mark, ReplyTurn)) or own:
-                if isinstance(feat, Mark):
-                    self.mark(sess, feat.key)
-                elif own:
+            if isinstance(feat, ReplyTurn) or own:
+                if own:
                     self.own_turn(sess, feat)
                 else:
                     self.restore_reply(sess, feat)
-                if sess.pending:
-                    rows.append(sess)
+                rows.append(sess)
                 continue
             self.open_user(sess)
             if isinstance(feat, AudioFeatures):

@@ -89,6 +89,7 @@ async def test_edits_reply_exactly_as_the_edited_conversation_laid_in_one_go(ser
     await s.create(B, "b")
     await s.delete("x")
     assert await s.reply() == plain
+    await s.conn.close()
     assert await fresh_reply(client, [A, X, B]) != plain
     assert await fresh_reply(client, [A, SAID, B]) != plain
 
@@ -99,6 +100,7 @@ async def test_edits_reply_exactly_as_the_edited_conversation_laid_in_one_go(ser
     added = await s.create(A, "a", "root")
     assert (added.item.id, added.previous_item_id) == ("a", None)
     assert await s.reply() == plain
+    await s.conn.close()
 
     # Built item by item, out of order, a reply in the middle deleted again, a function call
     # and its output, a message replaced under its own id: the same conversation created in
@@ -115,6 +117,7 @@ async def test_edits_reply_exactly_as_the_edited_conversation_laid_in_one_go(ser
     for item_id in s.last_output:
         await s.delete(item_id)
     built = await s.reply()
+    await s.conn.close()
     assert built == await fresh_reply(client, [A, SAID, B, CALL, OUTPUT])
 
 
