@@ -226,7 +226,7 @@ async def text_and_tool(c: Client, problems: list[str]) -> None:
         problems.append(f"tool output: the reply ended {tool_reply['status']}")
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(210)
 async def test_pipecat_openai_realtime_service(duplex_server, kit, monkeypatch):
     def client(**kw) -> Client:
         return Client(kit, duplex_server, monkeypatch, **kw)
