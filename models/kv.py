@@ -105,6 +105,13 @@ class SlotKV:
                 buf[slot, :, :n] = part
         self.length[slot] = n
 
+    def truncate(self, slot: int, owner: str, n: int) -> None:
+        """Rewind the slot to its first `n` positions; the rest is forgotten."""
+        self.check(slot, owner)
+        if not 0 <= n <= self.length[slot]:
+            raise ValueError(f"slot {slot} holds {self.length[slot]} positions, not {n}")
+        self.length[slot] = n
+
     def evict(self, slot: int, keep: int, drop: int) -> None:
         """Remove `drop` positions after the first `keep`; later keys keep their rotary phase."""
         end = self.length[slot]

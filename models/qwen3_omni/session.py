@@ -87,6 +87,12 @@ class Session:
     cached: int = 0
     """Positions already in the KV when the current reply began."""
     next_pos: int = 0
+    marks: list = field(default_factory=list)
+    """The context's item boundaries (`context.ContextMark`), in order."""
+    evicted: int = 0
+    """Positions truncation has dropped from this context, ever."""
+    talker_taken: int = 0
+    """User positions handed to the Talker, ever (it keeps the latest of them)."""
     turn: str | None = None
     audio_open: bool = False
     pending: list[Piece] = field(default_factory=list)
@@ -151,3 +157,4 @@ class Session:
         self.thinker_slot, self.prefix = None, None
         self.pending.clear()
         self.talker_ctx.clear()
+        self.marks.clear()

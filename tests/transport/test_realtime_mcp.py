@@ -168,16 +168,16 @@ def test_a_forced_mcp_call_runs_and_the_next_reply_speaks_with_its_result():
     assert types(result) == ["response.mcp_call.completed", "response.output_item.done",
                              "conversation.item.done"]
     assert events(result)[1]["item"]["output"] == "5"
+    # The result goes into the model's context as the tool's response (the engine takes it
+    # once the reply's text has ended), then the next reply chooses freely.
+    assert of(result, EnginePushText) == [EnginePushText("5", role="tool")]
     after = p.release_output(0)
     assert types(after)[types(after).index("response.done") + 1] == "response.created"
     done = next(e for e in events(after) if e["type"] == "response.done")["response"]
     assert [i["type"] for i in done["output"]] == ["message", "mcp_call"]
     assert done["output"][1]["output"] == "5" and done["output"][1]["status"] == "completed"
-    # The model takes the result as the tool's response, then replies choosing freely.
-    assert of(after, EnginePushText) == [EnginePushText("5", role="tool")]
     [follow] = of(after, EngineCommit)
     assert follow.spec.tool_choice == "auto"
-    assert after.index(of(after, EnginePushText)[0]) < after.index(follow)
 
 
 def test_a_call_that_fails_says_why_the_model_is_told_and_the_session_goes_on():
@@ -190,11 +190,10 @@ def test_a_call_that_fails_says_why_the_model_is_told_and_the_session_goes_on():
     failed = p.on_mcp_called(run.item_id, None, error)
     assert types(failed)[0] == "response.mcp_call.failed"
     assert events(failed)[1]["item"]["error"] == error
-    p.on_engine_finished(commit.epoch)
-    after = p.release_output(0)
-    assert of(after, EnginePushText) == [
+    assert of(failed, EnginePushText) == [
         EnginePushText("The call failed: the MCP server did not answer", role="tool")]
-    assert of(after, EngineCommit), "the model speaks of the failure"
+    p.on_engine_finished(commit.epoch)
+    assert of(p.release_output(0), EngineCommit), "the model speaks of the failure"
 
 
 def test_arguments_that_are_not_an_object_fail_the_call_without_running_it():
@@ -327,3 +326,4 @@ def test_a_resumed_session_lists_its_mcp_servers_again_without_their_headers():
     resumed = make()
     [listing] = of(resumed.resumed("sess_t", items, config), ListTools)
     assert (listing.server.url, listing.server.headers) == ("http://127.0.0.1:9/mcp", {})
+

@@ -76,6 +76,11 @@ class Turns:
             else:
                 self._judge(out, self.core.handle(command))
 
+    def _answers(self) -> bool:
+        """Whether a turn that ends starts a reply (never in a transcription session)."""
+        s = self.settings()
+        return s.turn_detection.create_response and s.type != "transcription"
+
     def _reply(self, out: list) -> None:
         self.replies.start(out, response_settings(self.settings(), None, self.beta))
 
@@ -151,7 +156,7 @@ class Turns:
         self.events.emit(out, "input_audio_buffer.speech_stopped",
                          audio_end_ms=at * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
-        if self.settings().turn_detection.create_response and self.replies.active is None:
+        if self._answers() and self.replies.active is None:
             self._reply(out)
         self._idle_since = None
 
@@ -174,6 +179,6 @@ class Turns:
                          audio_start_ms=self._idle_since * 1000 // RATE,
                          audio_end_ms=now * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
-        if td.create_response:
+        if self._answers():
             self._reply(out)
         self._idle_since = None
