@@ -84,7 +84,7 @@ async def test_a_handoff_that_replaces_the_history_replies_from_the_new_context(
 
 
 @pytest.mark.timeout(120)
-async def test_livekit_realtime_stt_streams_interim_and_final_transcripts(server_process,
+async def test_livekit_realtime_stt_streams_interim_and_final_transcripts(server_process, kit,
                                                                           caplog):
     caplog.set_level(logging.WARNING)
     server = server_process("--model", "echo")
@@ -106,14 +106,13 @@ async def test_livekit_realtime_stt_streams_interim_and_final_transcripts(server
                     return
 
         reader = asyncio.create_task(read())
-        step = 24000 // 20
-        start = asyncio.get_running_loop().time()
-        for n, at in enumerate(range(0, len(wire), step)):
-            chunk = wire[at:at + step]
-            stream.push_frame(rtc.AudioFrame(data=chunk.tobytes(), sample_rate=24000,
-                                             num_channels=1, samples_per_channel=len(chunk)))
-            # Paced as a microphone sends it, 50 ms at a time (not a wait for anything).
-            await asyncio.sleep(max(0.0, start + (n + 1) / 20 - asyncio.get_running_loop().time()))
+
+        def push(chunk: bytes) -> None:
+            stream.push_frame(rtc.AudioFrame(data=chunk, sample_rate=kit.RATE, num_channels=1,
+                                             samples_per_channel=len(chunk) // 2))
+
+        # Paced as a microphone sends it, 50 ms at a time.
+        await kit.stream(push, wire.tobytes(), chunk_ms=50)
         await asyncio.wait_for(reader, 60)
         stream.end_input()
         await stream.aclose()

@@ -14,6 +14,7 @@ from tests.transcription.fixtures import RATE as FIXTURE_RATE
 from tests.transcription.test_whisper import MAX_WER
 from tests.transcription.wer import word_error_rate
 from tests.transport.sdk import client_for
+from tests.transport.test_realtime_sdk import append_paced
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,14 @@ DONE = ("conversation.item.input_audio_transcription.completed",
         "conversation.item.input_audio_transcription.failed")
 
 
-def pcm16_b64(pcm: np.ndarray) -> str:
+def pcm16(pcm: np.ndarray) -> bytes:
+    """Fixture audio as the wire carries it: PCM16 at 24 kHz."""
     wire = soxr.resample(pcm, FIXTURE_RATE, WIRE_RATE)
-    return base64.b64encode((np.clip(wire, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+    return (np.clip(wire, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def pcm16_b64(pcm: np.ndarray) -> str:
+    return base64.b64encode(pcm16(pcm)).decode()
 
 
 async def events_until(conn, types: tuple[str, ...], timeout: float = 60.0) -> list:
@@ -105,14 +111,8 @@ async def test_a_transcription_session_captions_each_turn_live_and_never_replies
         first, *rest = utterances[:4]
         said = " ".join(u.text for u in rest)
         for pcm in (first.pcm, np.concatenate([u.pcm for u in rest])):
-            audio = np.concatenate([silence, pcm, silence, silence])
-            step = FIXTURE_RATE // 10
-            start_at = asyncio.get_running_loop().time()
-            for n, start in enumerate(range(0, len(audio), step)):
-                await conn.input_audio_buffer.append(audio=pcm16_b64(audio[start:start + step]))
-                # Paced as a microphone sends it, 100 ms at a time (not a wait for anything).
-                await asyncio.sleep(max(0.0, start_at + (n + 1) / 10
-                                        - asyncio.get_running_loop().time()))
+            # Paced as a microphone sends it, 100 ms at a time.
+            await append_paced(conn, pcm16(np.concatenate([silence, pcm, silence, silence])))
             events = await events_until(conn, DONE, 120)
         types = [e.type for e in events]
         assert "error" not in types and not any(t.startswith("response.") for t in types), types
