@@ -47,11 +47,33 @@ class ModelState:
 
 @dataclass(frozen=True)
 class TextTurn:
-    """Text for the Thinker's context: the user's words, or the output of a tool it called."""
+    """Text for the Thinker's context: the user's words, the output of a tool it called, or
+    a turn of its own: a system message, an assistant message, a function call as the model
+    writes one."""
 
     text: str
     role: str = "user"
-    """user | tool"""
+    """user | tool | system | assistant | function_call (`text` is then the call as JSON:
+    {"name": ..., "arguments": "<JSON string>"})"""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A boundary between conversation items in the Thinker's context: the turn open there
+    ends, and `Rewind(key)` can bring the context back to this point."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Bring the Thinker's context back to where `Mark(key)` was laid, dropping everything
+    after it (that mark and later ones too): the positions before it keep their KV."""
+
+    key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
+    """The session's instructions and tools, for a context rewound to its head: they open it
+    again (as `instruct` does a new one)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +190,9 @@ class DuplexModel(ABC):
     restores_context: bool = False
     """Whether decode reports token ids and `thinker_prefill` takes `ReplyTurn`: a context that
     can be rebuilt on another node after a resume."""
+    rewinds_context: bool = False
+    """Whether `thinker_prefill` takes `Mark` and `Rewind`: a context that can go back to an
+    item boundary and be laid again from there (a conversation edited before its end)."""
     voices: tuple[str, ...] = ()
     """The Talker's speakers, by the names its checkpoint gives them."""
     default_voice: str | None = None

@@ -27,7 +27,7 @@ from duplex.engine.lockstep import TickCost, admit_duplex
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
-from models.base import KVStats, ReplyTurn, TextTurn
+from models.base import KVStats, Mark, ReplyTurn, Rewind, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -89,13 +89,14 @@ class ModelInfo:
     duplex_delay_frames: int | None = None
     """Native full duplex: the model's fixed delay in frames; None for turns only."""
     restores_context: bool = False
+    rewinds_context: bool = False
 
     @classmethod
     def of(cls, model) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
                    model.input_chunk_samples, tuple(model.voices), model.default_voice,
-                   model.duplex_delay_frames, model.restores_context)
+                   model.duplex_delay_frames, model.restores_context, model.rewinds_context)
 
 
 @dataclass
@@ -202,6 +203,26 @@ class EngineClient(ABC):
             return
         self._flush(session_id, framer)
         self._submit(m.PushText(session_id, turn))
+
+    def mark(self, session_id: str, key: int) -> None:
+        """An item boundary in the model's context; the audio before it ends there (its last
+        chunk padded as a commit pads it)."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.rewinds_context:
+            return
+        self._flush(session_id, framer)
+        self._submit(m.PushText(session_id, Mark(key)))
+
+    def rewind(self, session_id: str, key: int,
+               system: tuple[str, tuple[dict[str, Any], ...]] | None = None) -> None:
+        """The model's context back to the boundary `key` (where it reaches the head, opened
+        again with `system`: instructions and tools); audio not yet framed is dropped with
+        what follows it."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.rewinds_context:
+            return
+        framer.flush()
+        self._submit(m.PushText(session_id, Rewind(key, system)))
 
     def instruct(self, session_id: str, instructions: str,
                  tools: tuple[dict[str, Any], ...]) -> None:

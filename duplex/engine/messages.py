@@ -27,7 +27,7 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
-from models.base import KVStats, ReplyTurn, TextTurn
+from models.base import KVStats, Mark, ReplyTurn, Rewind, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -56,7 +56,8 @@ class PushFrame:
 @dataclass(frozen=True, slots=True)
 class PushText:
     session_id: str
-    turn: TextTurn | ReplyTurn
+    turn: TextTurn | ReplyTurn | Mark | Rewind
+    """Taken into the context in order with the audio and frames pushed before it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,31 @@ class EnginePushFrame:
 class EnginePushText:
     text: str
     role: str = "user"
-    """user | tool (a function call's output)"""
+    """user | tool (a function call's output) | system | assistant | function_call (the call
+    as JSON {"name", "arguments"})"""
+
+
+@dataclass(frozen=True)
+class EngineMark:
+    """A conversation item's part of the model's context starts here (models that rewind)."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class EngineRewind:
+    """The model's context back to where item part `key` started; it and all after it go.
+    Back at the head, `system` (instructions, tools) opens the context again."""
+
+    key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
+
+
+@dataclass(frozen=True)
+class EngineReplay:
+    """Lay item part `key` again, as the last `EngineRewind` took it out of the context."""
+
+    key: int
 
 
 @dataclass(frozen=True)

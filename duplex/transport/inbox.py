@@ -95,6 +95,8 @@ class TranscriptReady:
     item_id: str
     result: Any
     """A duplex.transcription.TranscriptionResult."""
+    partial: bool = False
+    """Of audio not yet committed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,7 @@ class Qwen3OmniAdapter(DuplexModel):
     supports_video = True
     accepts_text = True
     restores_context = True
+    rewinds_context = True
     input_rate = 16000
     output_rate = OUTPUT_RATE
 
@@ -265,7 +266,8 @@ class Qwen3OmniAdapter(DuplexModel):
 
     @torch.inference_mode()
     def thinker_prefill(self, states: list[ModelState], features: list[Any]) -> None:
-        """Each feature is AudioFeatures, VisionFeatures, text (str) or None (nothing to add).
+        """Each feature is AudioFeatures, VisionFeatures, a TextTurn or ReplyTurn, a Mark or
+        Rewind at an item boundary, or None (nothing to add).
 
         New input while a reply is being generated ends that reply's text.
         """

@@ -56,6 +56,7 @@ def cut(kv: PagedKV, sess: Session, limit: int, n: int) -> bool:
     drop = min(max(length + n - limit, length - keep - target), length - keep)
     kv.evict(slot, keep, drop)
     sess.dropped += drop
+    sess.evicted += drop
     return True
 
 

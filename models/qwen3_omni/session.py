@@ -98,6 +98,12 @@ class Session:
     """Positions of the context taken from the prefix cache instead of computed (its head,
     when a cache entry held it)."""
     next_pos: int = 0
+    marks: list = field(default_factory=list)
+    """The context's item boundaries (`context.ContextMark`), in order."""
+    evicted: int = 0
+    """Positions truncation has dropped from this context, ever."""
+    talker_taken: int = 0
+    """User positions handed to the Talker, ever (it keeps the latest of them)."""
     turn: str | None = None
     audio_open: bool = False
     pending: list[Piece] = field(default_factory=list)
@@ -166,3 +172,4 @@ class Session:
         self.thinker_slot, self.prefix = None, None
         self.pending.clear()
         self.talker_ctx.clear()
+        self.marks.clear()

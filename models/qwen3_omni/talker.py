@@ -80,6 +80,7 @@ class Talker:
         for b, sess in enumerate(sessions):
             if bool(user[b].any()):
                 sess.talker_ctx.append(ctx[b][user[b].to(on_device)])
+                sess.talker_taken += int(user[b].sum())
                 total = sum(t.shape[0] for t in sess.talker_ctx)
                 if total > limit:
                     sess.talker_ctx = [torch.cat(sess.talker_ctx)[total - limit :]]

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from models.base import ReplyTurn, TextTurn, ThinkerToken
+from models.base import Mark, ReplyTurn, Rewind, TextTurn, ThinkerToken
 from models.paged_kv import PagedKV
 from models.prefix_cache import PrefixCache, PrefixKV
 from models.qwen3_omni import compat
+from models.qwen3_omni.context import OWN_TURNS, ConversationTurns
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.memory import KVMemory, cut
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
@@ -39,7 +40,7 @@ class ContextTooLong(ValueError):
     """One input does not fit in the context even after evicting everything evictable."""
 
 
-class Thinker:
+class Thinker(ConversationTurns):
     def __init__(
         self,
         model,
@@ -124,8 +125,11 @@ class Thinker:
             return
         head = sess.next_pos == sess.keep
         if head:
+            self._drop_head(sess)
             sess.pending, sess.next_pos, sess.keep, sess.head = [], 0, 0, ()
         sess.system = text
+        if head:
+            self.marks_follow_head(sess)
         if not text:
             return
         ids = self.ids
@@ -135,6 +139,14 @@ class Thinker:
         self.push_text(sess, tokens, OTHER)
         if head:
             sess.keep, sess.head = len(tokens), tuple(tokens)
+
+    def _drop_head(self, sess: Session) -> None:
+        """Forget a head already forwarded (a context rewound to its start)."""
+        if sess.thinker_slot is not None and self.kv.length[sess.thinker_slot]:
+            self.kv.truncate(sess.thinker_slot, sess.sid, 0)
+        if sess.prefix is not None:
+            self.prefix_cache.release(sess.prefix)
+            sess.prefix = None
 
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
@@ -183,16 +195,29 @@ class Thinker:
 
     def prefill(self, sessions: list[Session], features: list[Any]) -> None:
         for feat in features:
-            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn,
-                                     type(None))):
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn, Mark,
+                                     Rewind, type(None))):
                 raise TypeError(f"cannot prefill {type(feat).__name__}")
         ids = self.ids
         rows = []
         for sess, feat in zip(sessions, features, strict=True):
             if feat is None:
                 continue
-            if isinstance(feat, ReplyTurn):
-                self.restore_reply(sess, feat)
+            if isinstance(feat, Rewind):
+                self.rewind(sess, feat.key)
+                if feat.system is not None:
+                    self.instruct(sess, *feat.system)
+                continue
+            if isinstance(feat, Mark):
+                # What it closes is forwarded with what comes next (`rewind` sees to it).
+                self.mark(sess, feat.key)
+                continue
+            own = isinstance(feat, TextTurn) and feat.role in OWN_TURNS
+            if isinstance(feat, ReplyTurn) or own:
+                if own:
+                    self.own_turn(sess, feat)
+                else:
+                    self.restore_reply(sess, feat)
                 rows.append(sess)
                 continue
             self.open_user(sess)
@@ -210,9 +235,7 @@ class Thinker:
                 else:
                     self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
-        rows = [sess for sess in rows if self._fits(sess)]
-        if rows:
-            self.forward(rows)
+        self.forward_pending([sess for sess in rows if self._fits(sess)])
 
     def begin(self, sess: Session, instructions: str = "",
               tools: tuple[dict[str, Any], ...] = ()) -> None:
@@ -220,12 +243,7 @@ class Thinker:
         Instructions (or tools) other than the context's latest system turn come in a system
         turn of their own just before the reply."""
         ids = self.ids
-        if sess.turn == "assistant":
-            self.close_reply(sess)
-        if sess.turn == "user":
-            self.close_audio(sess)
-            self.push_text(sess, [ids["im_end"], ids["newline"]], USER)
-            sess.turn = None
+        self.end_turn(sess)
         self._system_turn(sess, self._system_text(instructions, tools))
         self.push_text(sess, [ids["im_start"], ids["assistant"], ids["newline"]], PREFIX)
         sess.turn = "assistant"

@@ -332,12 +332,13 @@ async def test_a_resume_on_the_node_that_kept_the_live_state_takes_it_over_witho
     await client.ws.close()
 
     # Every prefill of that session happened before its second reply began. One more turn of
-    # another session, and the first report that counts it counts them all: one call per text
-    # turn, and none for putting a context back.
+    # another session, and the first report that counts it counts them all: two calls per text
+    # turn (its item's mark, its text), one per reply (its mark), and none for putting a
+    # context back.
     probe, _ = await new_session(node)
     await probe.text_turn("hello")
     await probe.reply(output_modalities=["text"], **GREEDY)
     await probe.ws.close()
-    count = await eventually(lambda: (n := prefill_calls(node)) >= 3 and n,
+    count = await eventually(lambda: (n := prefill_calls(node)) >= 9 and n,
                              "the probe's prefill reported")
-    assert count == 3
+    assert count == 9

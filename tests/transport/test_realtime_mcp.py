@@ -8,7 +8,15 @@ import json
 import pytest
 
 from duplex.engine.thinker_text import CallArguments, CallDone, CallStarted
-from duplex.transport.effects import EngineCommit, EngineInstruct, EnginePushText, Send
+from duplex.transport.effects import (
+    EngineCommit,
+    EngineInstruct,
+    EngineMark,
+    EnginePushText,
+    EngineReplay,
+    EngineRewind,
+    Send,
+)
 from duplex.transport.realtime.mcp import MAX_FOLLOW_UPS, CallTool, ListTools
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 from duplex.transport.realtime.session_config import SessionSettings
@@ -168,16 +176,16 @@ def test_a_forced_mcp_call_runs_and_the_next_reply_speaks_with_its_result():
     assert types(result) == ["response.mcp_call.completed", "response.output_item.done",
                              "conversation.item.done"]
     assert events(result)[1]["item"]["output"] == "5"
+    # The result goes into the model's context as the tool's response (the engine takes it
+    # once the reply's text has ended), then the next reply chooses freely.
+    assert of(result, EnginePushText) == [EnginePushText("5", role="tool")]
     after = p.release_output(0)
     assert types(after)[types(after).index("response.done") + 1] == "response.created"
     done = next(e for e in events(after) if e["type"] == "response.done")["response"]
     assert [i["type"] for i in done["output"]] == ["message", "mcp_call"]
     assert done["output"][1]["output"] == "5" and done["output"][1]["status"] == "completed"
-    # The model takes the result as the tool's response, then replies choosing freely.
-    assert of(after, EnginePushText) == [EnginePushText("5", role="tool")]
     [follow] = of(after, EngineCommit)
     assert follow.spec.tool_choice == "auto"
-    assert after.index(of(after, EnginePushText)[0]) < after.index(follow)
 
 
 def test_a_call_that_fails_says_why_the_model_is_told_and_the_session_goes_on():
@@ -190,11 +198,10 @@ def test_a_call_that_fails_says_why_the_model_is_told_and_the_session_goes_on():
     failed = p.on_mcp_called(run.item_id, None, error)
     assert types(failed)[0] == "response.mcp_call.failed"
     assert events(failed)[1]["item"]["error"] == error
-    p.on_engine_finished(commit.epoch)
-    after = p.release_output(0)
-    assert of(after, EnginePushText) == [
+    assert of(failed, EnginePushText) == [
         EnginePushText("The call failed: the MCP server did not answer", role="tool")]
-    assert of(after, EngineCommit), "the model speaks of the failure"
+    p.on_engine_finished(commit.epoch)
+    assert of(p.release_output(0), EngineCommit), "the model speaks of the failure"
 
 
 def test_arguments_that_are_not_an_object_fail_the_call_without_running_it():
@@ -327,3 +334,62 @@ def test_a_resumed_session_lists_its_mcp_servers_again_without_their_headers():
     resumed = make()
     [listing] = of(resumed.resumed("sess_t", items, config), ListTools)
     assert (listing.server.url, listing.server.headers) == ("http://127.0.0.1:9/mcp", {})
+
+
+def test_an_mcp_result_is_a_part_of_the_model_context_of_its_own():
+    """With a model that rewinds its context, a call's output is laid in the call's place as a
+    part of its own: laid again after an insert before it, gone with its item, and named by
+    the item's record so that a resume rebuilds the same context."""
+    p = RealtimeProtocol("sess_t", model="tiny", model_input_rate=24000,
+                         model_output_rate=24000, limits=Limits(max_errors=1000),
+                         rewinds_context=True)
+    p.start()
+    send(p, type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+    listed(p)
+    send(p, type="conversation.item.create", item={
+        "type": "message", "role": "user", "id": "u",
+        "content": [{"type": "input_text", "text": "two and three?"}]})
+    commit = create(p, output_modalities=["text"],
+                    tool_choice={"type": "mcp", "server_label": "calc", "name": "add"})
+    [run] = of(call(p, commit.epoch, "add", '{"a": 2, "b": 3}'), CallTool)
+    assert not of(p.on_mcp_called(run.item_id, "5", None), EnginePushText), \
+        "laid in its place, with the context"
+    p.on_engine_finished(commit.epoch)
+    after = p.release_output(0)
+    item = p.conversation.find(run.item_id)
+    reply = next(i for i in p.conversation if i.role == "assistant")
+    assert item.unit == reply.unit and item.output_unit not in (None, item.unit)
+    [follow] = of(after, EngineCommit)
+    laid = [e for e in after if isinstance(e, (EngineMark, EnginePushText, EngineCommit))]
+    assert laid[:3] == [EngineMark(item.output_unit), EnginePushText("5", role="tool"),
+                        EngineMark(laid[2].key)] and laid[3] is follow
+    p.on_engine_finished(follow.epoch)
+    p.release_output(0)
+    user, answer = p.conversation.find("u").unit, laid[2].key
+    assert p.context.rendered == [user, item.unit, item.output_unit, answer]
+
+    # An item at the root: everything after it is laid again, the call's output included.
+    send(p, type="conversation.item.create", previous_item_id="root", item={
+        "type": "message", "role": "user", "id": "x",
+        "content": [{"type": "input_text", "text": "first"}]})
+    edited = p.release_output(0)
+    x = p.conversation.find("x").unit
+    assert [e for e in edited if isinstance(e, (EngineRewind, EngineMark, EngineReplay))] == [
+        EngineRewind(user, p._told_instructions), EngineMark(x), EngineReplay(user),
+        EngineReplay(item.unit), EngineReplay(item.output_unit), EngineReplay(answer)]
+
+    # The record names both parts; a resume holds them as the conversation's, not as input.
+    items, config = p.snapshot(0)
+    resumed = RealtimeProtocol("sess_u", model="tiny", model_input_rate=24000,
+                               model_output_rate=24000, rewinds_context=True)
+    resumed.resumed("sess_t", items, config, None, [x, user, item.unit, item.output_unit])
+    assert resumed.context.tail is None
+    assert resumed.context.desired() == [x, user, item.unit, item.output_unit, answer]
+
+    # The call deleted: its output leaves the context (the reply that made it stays with its
+    # message), and what followed is laid again.
+    send(p, type="conversation.item.delete", item_id=run.item_id)
+    deleted = p.release_output(0)
+    assert [e for e in deleted if isinstance(e, (EngineRewind, EngineReplay, EnginePushText))] \
+        == [EngineRewind(item.output_unit), EngineReplay(answer)]
+    assert p.context.rendered == [x, user, item.unit, answer]

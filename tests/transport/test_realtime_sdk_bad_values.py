@@ -32,8 +32,6 @@ BAD_SESSION = [
     ({"tool_choice": {"type": "function", "name": "missing"}}, "session.tool_choice.name"),
     ({"truncation": "sometimes"}, "session.truncation"),
     ({"audio": {"output": {"voice": "nobody"}}}, "session.audio.output.voice"),
-    ({"audio": {"input": {"transcription": {"model": "nope"}}}},
-     "session.audio.input.transcription.model"),
     ({"audio": {"input": {"transcription": {"model": "whisper-1", "language": 5}}}},
      "session.audio.input.transcription.language"),
     ({"audio": {"input": {"transcription": {"model": "whisper-1", "prompt": 5}}}},

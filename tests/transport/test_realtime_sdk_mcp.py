@@ -157,3 +157,51 @@ async def test_a_forced_mcp_call_on_tiny_omni_has_arguments_that_follow_the_sche
         jsonschema.validate(arguments, listing.tools[0].input_schema)
         assert item.output == str(arguments["a"] + arguments["b"])
         assert second.response.status == "completed"
+
+
+async def after_a_call(client, url: str, edit: str | None) -> str:
+    """A tiny-omni session where the user asks, the model calls `add` (forced) and speaks with
+    its output; then `edit`: "insert" (an item at the root, laid, then deleted: the context is
+    rewound to its start and laid again twice) or "delete" (the mcp_call item); then the text
+    of one more reply."""
+    async with client.realtime.connect(model="tiny") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session={
+            "type": "realtime", "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}},
+            # One tool: the random model's replies then follow what the context holds.
+            "tools": [calc(url, allowed_tools=["add"])]})
+        await until(conn, count("conversation.item.done", 1))
+        await say(conn, "hello there",
+                  tool_choice={"type": "mcp", "server_label": "calc", "name": "add"})
+        events = await until(conn, count("response.done", 2), timeout=120)
+        assert not errors(events)
+        [item] = [i for i in of(events, "response.done")[0].response.output
+                  if i.type == "mcp_call"]
+        assert item.output is not None
+        if edit == "insert":
+            await conn.conversation.item.create(previous_item_id="root", item={
+                "type": "message", "role": "system", "id": "x",
+                "content": [{"type": "input_text", "text": "You are a pirate."}]})
+            await until(conn, count("conversation.item.added", 1))
+            await conn.conversation.item.delete(item_id="x")
+            await until(conn, count("conversation.item.deleted", 1))
+        elif edit == "delete":
+            await conn.conversation.item.delete(item_id=item.id)
+            await until(conn, count("conversation.item.deleted", 1))
+        await conn.response.create()
+        events = await until(conn, count("response.done", 1), timeout=120)
+        assert not errors(events) and events[-1].response.status == "completed"
+        return reply_text(events[-1])
+
+
+async def test_an_mcp_calls_output_is_in_the_context_as_the_conversation_has_it(
+        server_process, tiny_omni_dir, mcp_servers):
+    """Greedy: a conversation rewound to its start and laid again (an item inserted at the
+    root, then deleted) replies exactly as the same conversation never edited, the call's
+    output laid again in its place; with the mcp_call item deleted, its output is gone."""
+    server = server_process("--model", str(tiny_omni_dir))
+    client = client_for(server)
+    plain = await after_a_call(client, mcp_servers.http_url, None)
+    assert await after_a_call(client, mcp_servers.http_url, "insert") == plain
+    assert await after_a_call(client, mcp_servers.http_url, "delete") != plain

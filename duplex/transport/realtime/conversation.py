@@ -1,11 +1,12 @@
 """The Realtime conversation: its items in order, as the client sees them and as a resume
 restores them.
 
-The kinds of item, as in OpenAI's API: messages (user, assistant, system; one content part
-each here), the model's function calls, and the client's function call outputs; and what the
-server's own MCP client adds: a server's tool listing (`mcp_list_tools`), the calls it ran
-(`mcp_call`), the approvals it asked for (`mcp_approval_request`) and the client's answers
-(`mcp_approval_response`).
+The kinds of item, as in OpenAI's API: messages (user, assistant, system; a client's may hold
+several content parts, a reply holds one), function calls (the model's or a client's), and the
+client's function call outputs; and what the server's own MCP client adds: a server's tool
+listing (`mcp_list_tools`), the calls it ran (`mcp_call`), the approvals it asked for
+(`mcp_approval_request`) and the client's answers (`mcp_approval_response`). Each item names
+the part of the model's context it laid (`unit`, see model_context.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ class Item:
     approval_request_id: str | None = None
     approve: bool | None = None
     reason: str | None = None
+    content: list[dict[str, Any]] | None = None
+    """A client message's content parts as it sent them (audio left out); None: the one part
+    the fields above describe."""
+    unit: int | None = None
+    """The part of the model's context this item laid (a reply's items share one)."""
+    output_unit: int | None = None
+    """The part an mcp_call's output (or error) laid: the tool's response, a part of its own
+    after the reply that made the call."""
+
+    @property
+    def units(self) -> tuple[int, ...]:
+        """The parts of the model's context this item holds, in order."""
+        return tuple(u for u in (self.unit, self.output_unit) if u is not None)
 
     def set_spoken(self, text: str) -> None:
         """The reply's text so far, where its content part keeps it."""
@@ -60,6 +74,10 @@ class Item:
             return {**base, "call_id": self.call_id, "output": self.output}
         if self.type in _MCP_WIRE:
             return {**base, **{name: getattr(self, name) for name in _MCP_WIRE[self.type]}}
+        if self.content is not None:
+            parts = [{**p, "transcript": self.transcript} if p["type"] == "input_audio" else p
+                     for p in self.content]
+            return {**base, "role": self.role, "content": parts}
         part: dict[str, Any] = {"type": self.content_type}
         if self.content_type in ("input_audio", "output_audio"):
             part["transcript"] = self.transcript
@@ -95,6 +113,9 @@ class Item:
             arguments=data.get("arguments"),
             output=data.get("output"),
             **{name: data.get(name) for name in _RECORDED_MCP},
+            content=data.get("content"),
+            unit=data.get("unit"),
+            output_unit=data.get("output_unit"),
         )
 
 
@@ -107,7 +128,7 @@ _MCP_WIRE = {
 """Each MCP item's fields as OpenAI's Realtime items name them."""
 _RECORDED_MCP = ("server_label", "tools", "error", "approval_request_id", "approve", "reason")
 _RECORDED = ("role", "transcript", "text", "call_id", "name", "arguments", "output",
-             *_RECORDED_MCP)
+             "content", "unit", "output_unit", *_RECORDED_MCP)
 
 
 class Conversation:

@@ -9,15 +9,18 @@ client gives. The edge (mcp_client.py) talks to the servers and reports back.
   whose settings (URL, headers, filters) did not change is not listed again.
 - The model calls one: an `mcp_call` output item, `response.mcp_call_arguments.delta` /
   `.done`, `response.mcp_call.in_progress`, and the server calls the tool; then
-  `response.mcp_call.completed` or `.failed` and the item with its `output` or `error`. The reply
-  ends once its calls have; their results go into the model's context as the tools' responses
-  and the server asks for the next reply itself (tool choice "auto"), so the model speaks with
-  them, as a client does after a function call's output (at most MAX_FOLLOW_UPS in a row).
+  `response.mcp_call.completed` or `.failed` and the item with its `output` or `error`. The
+  result goes into the model's context as the tool's response, a part of the context of its own
+  (`ModelContext`: in the call's place in the conversation, laid again after an edit before it,
+  gone with its item); the model takes it once the reply that made the call has ended. The reply
+  ends once its calls have, and the server asks for the next reply itself (tool choice "auto"),
+  so the model speaks with the results, as a client does after a function call's output (at
+  most MAX_FOLLOW_UPS in a row).
 - A tool `require_approval` covers (by default every tool, as OpenAI's default is "always"):
   the call is an `mcp_approval_request` item instead, and nothing runs until the client creates
   an `mcp_approval_response`. Approved: the call runs (an `mcp_call` item outside any reply,
   with its `approval_request_id`) and the next reply follows its result; declined: the model is
-  told so in its context and the next reply follows.
+  told so in its context (the response item's part of it) and the next reply follows.
 - A server that cannot be reached, a timeout, a tool's own error: the `failed` event and the
   item's `error` say which; the session goes on, and the model is told the call failed.
 """
@@ -34,6 +37,7 @@ from duplex.transport.effects import EnginePushText
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.session_config import (
     ConfigError,
     ResponseSettings,
@@ -100,18 +104,17 @@ class _Server:
 
 
 class McpTools:
-    def __init__(self, events: EventWriter, conversation: Conversation,
+    def __init__(self, events: EventWriter, conversation: Conversation, context: ModelContext,
                  follow_up: Callable[[list, int], None]) -> None:
         """`follow_up(out, depth)`: ask for the next reply, the `depth`-th in a row."""
         self.events = events
         self.conversation = conversation
+        self.context = context
         self.follow_up = follow_up
         self._servers: dict[str, _Server] = {}
         self._running: dict[str, _Running] = {}
         self._approvals: dict[str, tuple[McpTool, str, int]] = {}
         """Open approval requests by item id: the tool, its arguments, the reply depth."""
-        self._context: list[str] = []
-        """Tool results waiting for the model's context (it takes them between replies)."""
 
     # -- servers and their tools ----------------------------------------------------------
 
@@ -209,13 +212,14 @@ class McpTools:
     # -- calls the model makes --------------------------------------------------------------
 
     def new_call(self, r: ActiveResponse, name: str) -> Item | None:
-        """The item of a call of `name`, when it names one of the reply's MCP tools."""
+        """The item of a call of `name`, when it names one of the reply's MCP tools; the call
+        is part of the reply's context."""
         target = r.settings.mcp_tools.get(name)
         if target is None:
             return None
         kind = "mcp_approval_request" if target.approval else "mcp_call"
         return Item(self.events.new_id("mcp"), type=kind, server_label=target.server,
-                    name=target.name, arguments="", status="in_progress")
+                    name=target.name, arguments="", status="in_progress", unit=r.item.unit)
 
     def on_piece(self, out: list, r: ActiveResponse, item: Item, output_index: int,
                  piece: Piece) -> None:
@@ -266,7 +270,8 @@ class McpTools:
 
     def on_called(self, out: list, item_id: str, output: str | None,
                   error: dict[str, Any] | None, active: ActiveResponse | None) -> None:
-        """A call's result: its item is done, and the model takes it into its context."""
+        """A call's result: its item is done, and its output or error is laid into the model's
+        context in the item's place (where the item is in the conversation)."""
         running = self._running.pop(item_id, None)
         if running is None:
             return
@@ -287,9 +292,8 @@ class McpTools:
                         running.output_index, running.in_conversation)
         if not running.in_conversation:
             return
-        self._context.append(told)
+        item.output_unit = self.context.lay(out, [EnginePushText(told, role="tool")])
         if running.response_id is None and active is None:
-            self._take_context(out)
             self.follow_up(out, running.depth + 1)
 
     def _item_done(self, out: list, item: Item, response_id: str | None, output_index: int,
@@ -301,34 +305,36 @@ class McpTools:
             self.events.emit(out, "conversation.item.done", item=item.as_wire())
 
     def reply_done(self, out: list, r: ActiveResponse) -> None:
-        """A reply ended (all its calls with it): the model takes the results, and speaks."""
-        self._take_context(out)
+        """A reply ended (all its calls with it): the model speaks with their results."""
         if any(i.type == "mcp_call" for i in r.calls.values()) \
                 and r.settings.conversation != "none":
             self.follow_up(out, r.settings.follow_up + 1)
 
-    def _take_context(self, out: list) -> None:
-        out += [EnginePushText(text, role="tool") for text in self._context]
-        self._context = []
-
     # -- approvals --------------------------------------------------------------------------
 
-    def check_approval(self, request_id: str) -> None:
-        """Raises ProtocolError unless `request_id` is an approval request still open."""
+    def answered(self, response: Item) -> list:
+        """What the client's `mcp_approval_response` lays into the model's context: a declined
+        call, the user's refusal as the tool's response; an approved one, nothing (its call's
+        output will). Raises ProtocolError unless it answers an approval request still open."""
+        request_id = response.approval_request_id
         if request_id not in self._approvals:
             raise ProtocolError("invalid_value",
                                 f"Invalid value for 'item.approval_request_id': no open "
                                 f"mcp_approval_request '{request_id}' in the conversation.",
                                 "item.approval_request_id")
+        if response.approve:
+            return []
+        target = self._approvals[request_id][0]
+        reason = f" ({response.reason})" if response.reason else ""
+        return [EnginePushText(f"The user did not approve calling {target.name}{reason}.",
+                               role="tool")]
 
     def on_approval(self, out: list, response: Item, active: ActiveResponse | None) -> None:
-        """The client's `mcp_approval_response` (already in the conversation)."""
+        """The client's `mcp_approval_response`, in the conversation with what it laid
+        (`answered`): run the approved call, or let the model answer the refusal."""
         target, arguments, depth = self._approvals.pop(response.approval_request_id)
         if not response.approve:
-            reason = f" ({response.reason})" if response.reason else ""
-            self._context.append(f"The user did not approve calling {target.name}{reason}.")
             if active is None:
-                self._take_context(out)
                 self.follow_up(out, depth + 1)
             return
         item = Item(self.events.new_id("mcp"), type="mcp_call", server_label=target.server,

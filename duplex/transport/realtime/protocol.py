@@ -17,6 +17,7 @@ what a resume reads (resume.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,10 +38,13 @@ from duplex.transport.effects import (
     EngineClearInput,
     EngineCommit,
     EngineInstruct,
+    EngineMark,
     EnginePush,
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
+    EngineReplay,
+    EngineRewind,
     EngineSetDuplex,
     FlushAudio,
     InterruptionJudged,
@@ -59,6 +63,7 @@ from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.input_audio import InputAudio, Transcribe
 from duplex.transport.realtime.items import Items
 from duplex.transport.realtime.mcp import MAX_FOLLOW_UPS, CallTool, ListTools, McpTools
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.native_duplex import NativeDuplex
 from duplex.transport.realtime.replies import Replies
 from duplex.transport.realtime.resume import ResumeSession
@@ -81,7 +86,8 @@ Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
-    | InterruptionJudged | ListTools | CallTool | ScoreTurnEnd | TurnEnded
+    | InterruptionJudged | EngineMark | EngineRewind | EngineReplay | ListTools | CallTool
+    | ScoreTurnEnd | TurnEnded
 )
 
 
@@ -113,7 +119,9 @@ class RealtimeProtocol:
         duplex_events: bool = False,
         voices: Voices | None = None,
         transcription_models: tuple[str, ...] = (),
+        transcription_languages: Callable[[str], tuple[str, ...] | None] = lambda model: None,
         native_duplex: bool = False,
+        rewinds_context: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
         start_duplex: bool = False,
         turn_model: bool = False,
@@ -148,21 +156,27 @@ class RealtimeProtocol:
         self._gate_input()
         self.events = EventWriter(beta)
         self.conversation = Conversation()
-        self.mcp = McpTools(self.events, self.conversation, self._follow_up)
+        self.context = ModelContext(self.conversation, rewinds_context,
+                                    lambda: self._told_instructions)
+        self.mcp = McpTools(self.events, self.conversation, self.context, self._follow_up)
         self.replies = Replies(self.clock, self.events, self.conversation, self.voices, self.mcp,
-                               media_track=media_track, conversation_id=_conversation_id(session_id))
+                               self.context, media_track=media_track,
+                               conversation_id=_conversation_id(session_id))
         self.input = InputAudio(self.clock, self.events, self.conversation, lambda: self.settings,
-                                max_lead_ms=self.limits.max_input_lead_ms,
-                                transcription_models=transcription_models)
+                                self.context, max_lead_ms=self.limits.max_input_lead_ms,
+                                transcription_models=transcription_models,
+                                transcription_languages=transcription_languages)
         self.turns = Turns(self.clock, self.events, self.replies, self.input,
                            lambda: self.settings, beta)
         self.duplex = NativeDuplex(self.clock, self.events, self.replies, native=native_duplex,
                                    models=duplex_models, model=model, beta=beta)
         self.items = Items(self.clock, self.events, self.conversation, self.input, self.replies,
-                           self.duplex.cancel, self.mcp)
+                           self.context, self.duplex.cancel, model_input_rate, self.mcp)
         self.errors = 0
         self.client_events = 0
         self.closed = False
+        self.more_waiting: Callable[[], bool] = lambda: False
+        """Whether more input waits to be handled (the edge says)."""
 
     # -- event framing and the session's state -----------------------------------------------
 
@@ -317,17 +331,20 @@ class RealtimeProtocol:
         out.append(ResumeSession(event.session_id, event.resume_token))
 
     def resumed(self, session_id: str, conversation: list[dict[str, Any]],
-                config: dict[str, Any], context: dict[str, Any] | None = None) -> list[Effect]:
+                config: dict[str, Any], context: dict[str, Any] | None = None,
+                units: list[int] = ()) -> list[Effect]:
         """The edge claimed `session_id`: continue its conversation on this connection.
         Nothing is replayed: items come back as they were heard and no audio is resent.
 
         `context` says how much of the model's context the edge put back (the extension field
         `rebuilt_context`); the engine then holds the system turn that context opened with,
-        and the session's instructions reach it with the next reply, as they did before."""
+        and the session's instructions reach it with the next reply, as they did before.
+        `units` are the parts of it that conversation items laid, in order."""
         self.session_id = session_id
         self.core.id = session_id
         self.replies.conversation_id = _conversation_id(session_id)
         self.conversation.replace_all([Item.from_record(i) for i in conversation])
+        self.context.restore(list(units))
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
         fields: dict[str, Any] = {"session": self._session_with_token()}
@@ -445,6 +462,10 @@ class RealtimeProtocol:
             raise ProtocolError("invalid_request_error",
                                 "In duplex mode the model decides when to speak; "
                                 "response.create is not available.")
+        if self.settings.type == "transcription":
+            raise ProtocolError("invalid_request_error",
+                                "A transcription session transcribes the user's turns and never "
+                                "replies; response.create is not available.", "type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: "
@@ -565,11 +586,12 @@ class RealtimeProtocol:
         return out
 
     def on_transcript(self, item_id: str, text: str | None, error: str | None,
-                      audio_s: float) -> list[Effect]:
-        """The recogniser's answer for a user audio item: its transcript, or why there is none."""
+                      audio_s: float, partial: bool = False) -> list[Effect]:
+        """The recogniser's answer for a user audio item: its transcript, or why there is none;
+        a partial one, for audio not yet committed."""
         out: list[Effect] = []
         if not self.closed:
-            self.input.on_transcript(out, item_id, text, error, audio_s)
+            self.input.on_transcript(out, item_id, text, error, audio_s, partial)
         return out
 
     def on_playback(self, played_sample: int) -> None:
@@ -582,6 +604,11 @@ class RealtimeProtocol:
         if not self.closed:
             self.replies.release(out, now)
             self.turns.check_idle(out, now)
+            # A burst of edits (a client replacing its history item by item) is laid once,
+            # when the burst is over, not once per event.
+            if not self.more_waiting():
+                active = self.response.item.unit if self.response is not None else None
+                self.context.sync(out, active)
         return out
 
     def close(self) -> dict[str, int]:

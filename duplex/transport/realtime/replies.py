@@ -21,6 +21,7 @@ from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, 
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.mcp import McpTools
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.session_config import ResponseSettings, Voices
 
 G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
@@ -28,11 +29,12 @@ G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 class Replies:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 voices: Voices, mcp: McpTools, *, media_track: bool,
+                 voices: Voices, mcp: McpTools, context: ModelContext, *, media_track: bool,
                  conversation_id: str) -> None:
         self.clock = clock
         self.mcp = mcp
         """The session's MCP tools: offered to each reply, run when it calls them."""
+        self.context = context
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -51,14 +53,17 @@ class Replies:
         settings = self.mcp.resolve(settings)
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
+        # The engine is told of the edits before the reply, and the reply starts its own unit.
+        unit = self.context.begin_reply(out) if commit else None
         new_id = self.events.new_id
         if settings.audio:
             item = Item(new_id("item"), role="assistant", content_type="output_audio",
-                        transcript="", status="in_progress", response_id=started.response_id)
+                        transcript="", status="in_progress", response_id=started.response_id,
+                        unit=unit)
             part = {"type": "audio", "transcript": ""}
         else:
             item = Item(new_id("item"), role="assistant", content_type="output_text", text="",
-                        status="in_progress", response_id=started.response_id)
+                        status="in_progress", response_id=started.response_id, unit=unit)
             part = {"type": "text", "text": ""}
         self.active = r = ActiveResponse(new_id("resp"), started.response_id, started.epoch,
                                          item, settings)
@@ -172,7 +177,7 @@ class Replies:
     def _new_call(self, out: list, r: ActiveResponse, index: int, name: str) -> Item:
         item = self.mcp.new_call(r, name) or Item(
             self.events.new_id("item"), type="function_call", status="in_progress",
-            call_id=self.events.new_id("call"), name=name, arguments="")
+            call_id=self.events.new_id("call"), name=name, arguments="", unit=r.item.unit)
         r.calls[index] = item
         output_index = len(r.calls)
         if r.settings.conversation != "none":

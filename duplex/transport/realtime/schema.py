@@ -133,7 +133,8 @@ class _SessionFields(_Loose):
 
 
 class SessionConfig(_SessionFields):
-    type: Literal["realtime"] | None = None
+    type: Literal["realtime", "transcription"] | None = None
+    """transcription: turns are transcribed, never answered."""
     output_modalities: list[Literal["audio", "text"]] | None = None
     max_output_tokens: MaxTokens | None = None
     audio: Audio | None = None
@@ -152,7 +153,8 @@ class BetaSessionConfig(_SessionFields):
 
 
 class ContentPart(_Loose):
-    type: Literal["input_text", "input_audio", "input_image", "text", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "text", "output_text", "output_audio",
+                  "audio"]
     text: str | None = None
     audio: str | None = None
     image_url: str | None = None
@@ -162,7 +164,7 @@ class ContentPart(_Loose):
 class MessageItem(_Loose):
     type: Literal["message"] = "message"
     id: str | None = None
-    role: Literal["user", "assistant", "system"]
+    role: Literal["user", "assistant", "system", "developer"]
     content: list[ContentPart]
 
 

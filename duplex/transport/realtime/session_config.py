@@ -37,6 +37,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SessionSettings:
+    type: str = "realtime"
+    """realtime, or transcription: the user's turns are transcribed and never answered."""
     instructions: str = ""
     output_modalities: tuple[str, ...] = ("audio",)
     input_format: str = "audio/pcm"
@@ -234,6 +236,8 @@ def updated_ga(current: SessionSettings, data: dict[str, Any]) -> SessionSetting
                               f"session.{flat}")
     cfg: schema.SessionConfig = _validate(schema.SessionConfig, data, "session.")
     changes = _common(cfg)
+    if cfg.type is not None:
+        changes["type"] = cfg.type
     if cfg.output_modalities is not None:
         changes["output_modalities"] = _ga_modalities(cfg.output_modalities,
                                                       "session.output_modalities")
@@ -325,6 +329,8 @@ def turn_detection_wire(td: schema.TurnDetection | None) -> dict[str, Any] | Non
 
 
 def ga_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:
+    if s.type == "transcription":
+        return transcription_session(s, session_id)
     out = {
         "type": "realtime",
         "object": "realtime.session",
@@ -352,6 +358,22 @@ def ga_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any
     if s.duplex_events:
         out["duplex_events"] = True
     return out
+
+
+def transcription_session(s: SessionSettings, session_id: str) -> dict[str, Any]:
+    """A transcription session as the GA API writes one."""
+    return {
+        "type": "transcription",
+        "object": "realtime.transcription_session",
+        "id": session_id,
+        "audio": {"input": {
+            "format": format_wire(s.input_format),
+            "transcription": s.transcription,
+            "noise_reduction": s.noise_reduction,
+            "turn_detection": turn_detection_wire(s.turn_detection),
+        }},
+        "include": None,
+    }
 
 
 def beta_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:

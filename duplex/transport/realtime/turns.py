@@ -90,13 +90,18 @@ class Turns:
                 out.append(self.clock.score_request(command))
             else:
                 self._judge(out, self.core.handle(command))
-        out += self.clock.released_input()
+        self.input.to_model(out, self.clock.released_input())
 
     def on_turn_score(self, out: list, request: int, complete: float | None) -> None:
         """The end-of-turn model's answer for a pause: a complete turn ends now."""
         stopped = self.clock.turn_scored(request, complete)
         if stopped is not None:
             self._speech_stopped(out, stopped)
+
+    def _answers(self) -> bool:
+        """Whether a turn that ends starts a reply (never in a transcription session)."""
+        s = self.settings()
+        return s.turn_detection.create_response and s.type != "transcription"
 
     def _reply(self, out: list) -> None:
         self.replies.start(out, response_settings(self.settings(), None, self.beta))
@@ -175,7 +180,7 @@ class Turns:
                          audio_end_ms=at * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
         out.append(TurnEnded(stopped.ended_by))
-        if self.settings().turn_detection.create_response and self.replies.active is None:
+        if self._answers() and self.replies.active is None:
             self._reply(out)
         self._idle_since = None
 
@@ -198,6 +203,6 @@ class Turns:
                          audio_start_ms=self._idle_since * 1000 // RATE,
                          audio_end_ms=now * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
-        if td.create_response:
+        if self._answers():
             self._reply(out)
         self._idle_since = None

@@ -41,6 +41,8 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
                                   duplex_events=duplex_events,
                                   transcriber=transcriber_getter(),
                                   duplex_default=duplex_default)
+        if ws.query_params.get("intent") == "transcription":
+            session.protocol.configure({"type": "transcription"})
         if principal is not None and principal.session:
             session.protocol.configure(principal.session)
         try:
