@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from models.base import Mark, Rewind, TextTurn
 from models.echo import EchoModel
-from models.kv import SlotKV, SlotOwnershipError
 from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
 from models.qwen3_omni.context import call_text
 from models.reply import ReplySpec
@@ -89,18 +87,6 @@ def test_a_rewind_to_an_unknown_mark_is_refused(adapter):
     with pytest.raises(ValueError, match="no mark 7"):
         lay(adapter, st, [Rewind(7)])
     adapter.free(st)
-
-
-def test_the_slot_pool_truncates_only_its_owners_rows():
-    kv = SlotKV(1, 1, 2, "cpu", torch.float32)
-    slot = kv.acquire("a")
-    kv.length[slot] = 5
-    kv.truncate(slot, "a", 2)
-    assert kv.length[slot] == 2
-    with pytest.raises(ValueError):
-        kv.truncate(slot, "a", 3)
-    with pytest.raises(SlotOwnershipError):
-        kv.truncate(slot, "b", 0)
 
 
 def test_echo_repeats_only_what_the_user_said():
