@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from models.kv import SlotKV, tensor_bytes
@@ -37,9 +38,9 @@ class Piece:
     """Consecutive Thinker positions of one kind, waiting for the next forward."""
 
     embeds: torch.Tensor
-    positions: torch.Tensor
+    positions: np.ndarray
     """(3, n) M-RoPE positions (temporal, height, width), on the host: a batch's index
-    tensors are assembled there and cross to the device once."""
+    arrays are assembled there and cross to the device once (`models.syncs.upload`)."""
     role: int
     multimodal: bool = False
     deepstack: tuple[torch.Tensor, ...] | None = None
@@ -104,10 +105,10 @@ class Session:
 
     @property
     def nbytes(self) -> int:
-        pieces = [(p.embeds, p.positions, p.deepstack or ()) for p in self.pending]
+        pieces = [(p.embeds, p.deepstack or ()) for p in self.pending]
         held = tensor_bytes(
             [pieces, self.talker_ctx, self.talker_prefix, self.text_queue, self.last_codes]
-        )
+        ) + sum(p.positions.nbytes for p in self.pending)
         if self.thinker_slot is not None:
             held += self.pools.thinker.slot_bytes()
         if self.talker_slot is not None:

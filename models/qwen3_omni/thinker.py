@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from models.base import ReplyTurn, TextTurn, ThinkerToken
@@ -27,6 +28,7 @@ from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
+from models.syncs import fetch, upload
 from models.tool_forcing import CallForcing, forced_names
 
 
@@ -56,7 +58,12 @@ class Thinker:
         self.ids = token_ids(tokenizer, model.config)
         self.eos_ids = sorted(self.ids["eos"])
         vocab = model.config.thinker_config.text_config.vocab_size
+        # Masks over the vocabulary, on the device once: a step fills with them, where
+        # indexing by a boolean mask or a list of ids would sync or copy every time.
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
+        self.eos = torch.zeros(vocab, dtype=torch.bool)
+        self.eos[self.eos_ids] = True
+        self.eos = self.eos.to(device)
         self.prefix_cache, self.version = prefix_cache, version
         self.positions = 0
         """Positions computed by forwards since the Thinker was made (prefix cache hits not)."""
@@ -106,24 +113,22 @@ class Thinker:
 
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
-        ids = torch.tensor(tokens, device=self.device)
-        embeds = self.module.get_input_embeddings()(ids)
+        embeds = self.module.get_input_embeddings()(upload(tokens, self.device))
         self.push(sess, embeds, role)
 
     def push(
         self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False
     ) -> None:
         n = embeds.shape[0]
-        pos = torch.arange(sess.next_pos, sess.next_pos + n).expand(3, -1)
+        pos = np.broadcast_to(np.arange(sess.next_pos, sess.next_pos + n), (3, n))
         sess.pending.append(Piece(embeds, pos, role, multimodal))
         sess.next_pos += n
 
     def push_vision(self, sess: Session, feats: VisionFeatures) -> None:
         h, w = feats.grid
         start = sess.next_pos
-        hh = torch.arange(h)[:, None].expand(h, w).flatten()
-        ww = torch.arange(w)[None, :].expand(h, w).flatten()
-        pos = torch.stack([torch.zeros_like(hh), hh, ww]) + start
+        hh, ww = np.divmod(np.arange(h * w), w)
+        pos = np.stack([np.zeros_like(hh), hh, ww]) + start
         sess.pending.append(Piece(feats.embeds, pos, USER, True, feats.deepstack))
         sess.next_pos = start + max(h, w)
 
@@ -274,10 +279,11 @@ class Thinker:
         embeds = torch.nn.utils.rnn.pad_sequence(
             [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
         )
-        positions = torch.zeros(3, batch, q, dtype=torch.long)
-        role = torch.zeros(batch, q, dtype=torch.long)
-        multimodal = torch.zeros(batch, q, dtype=torch.bool)
-        visual = torch.zeros(batch, q, dtype=torch.bool)
+        # What each position is, laid out on the host and sent over in one upload each.
+        positions = np.zeros((3, batch, q), dtype=np.int64)
+        role = np.zeros((batch, q), dtype=np.int8)
+        multimodal = np.zeros((batch, q), dtype=bool)
+        visual = np.zeros((batch, q), dtype=bool)
         deep: list[list[torch.Tensor]] = []
         for b, row in enumerate(pieces):
             at = 0
@@ -294,17 +300,16 @@ class Thinker:
                 at += n
             # Padding repeats the last position so rotary phases stay in range.
             positions[:, b, at:] = positions[:, b, at - 1 : at]
-        user_mm = multimodal & (role == USER)
-        capture = bool(user_mm.any())
+        capture = bool((multimodal & (role == USER)).any())
         accept = self.talker.accept_layer
         kv = self.kv.bind([s.thinker_slot for s in sessions], [s.sid for s in sessions], new)
         out = self.lm(
             inputs_embeds=embeds,
             attention_mask=kv.mask,
-            position_ids=positions.to(self.device),
+            position_ids=upload(positions, self.device),
             cache=kv,
             use_cache=True,
-            visual_pos_masks=visual.to(self.device) if deep else None,
+            visual_pos_masks=upload(visual, self.device, torch.bool) if deep else None,
             deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
             output_hidden_states=[accept] if capture else False,
         )
@@ -316,8 +321,8 @@ class Thinker:
         for sess in sessions:
             sess.pending, sess.head = [], ()
         accepted = out.hidden_states[accept] if capture else None
-        self.talker.take_context(sessions, embeds, accepted, role, multimodal, user_mm)
-        last = torch.tensor(new, device=self.device) - 1
+        self.talker.take_context(sessions, embeds, accepted, role, multimodal & (role == USER))
+        last = upload([n - 1 for n in new], self.device)
         return out.last_hidden_state[torch.arange(batch, device=self.device), last]
 
     def _open_slot(self, sess: Session) -> None:
@@ -347,8 +352,7 @@ class Thinker:
             embed = self.module.get_input_embeddings()
             fed = [sess for sess in active if sess.last_token is not None]
             if fed:
-                ids = torch.tensor([sess.last_token for sess in fed], device=self.device)
-                embeds = embed(ids)
+                embeds = embed(upload([sess.last_token for sess in fed], self.device))
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
             for sess in [s for s in active if s.full or not self._fits(s)]:
@@ -360,19 +364,22 @@ class Thinker:
             last = self.forward(active)
             logits = self.module.lm_head(last).float()
             raw = logits.clone() if any(s.forcing for s in active) else logits
-            logits[:, self.suppress] = -math.inf
+            logits.masked_fill_(self.suppress, -math.inf)
             opts = self.options
+            no_eos = [len(s.token_ids) < opts.min_text_tokens for s in active]
             for b, sess in enumerate(active):
-                if len(sess.token_ids) < opts.min_text_tokens:
-                    logits[b, self.eos_ids] = -math.inf
                 if sess.forcing is not None:
-                    self._constrain(logits, raw, b, sess)
+                    # The call's own constraint decides where it ends, whatever the length.
+                    no_eos[b] = self._constrain(logits, raw, b, sess)
+            if any(no_eos):
+                rows = upload(no_eos, self.device, torch.bool)
+                logits.masked_fill_(rows[:, None] & self.eos, -math.inf)
             base = opts.thinker_sampling
             samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
                          for s in active]
             tokens = sample_rows(logits, samplings, [s.thinker_gen for s in active])
             conditioning = self.talker.conditioning(embed(tokens))
-            for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
+            for b, (sess, tok) in enumerate(zip(active, fetch(tokens).tolist(), strict=True)):
                 if sess.forcing is not None:
                     sess.forcing.advance(tok, self.tokenizer.decode([tok]))
                 sess.last_token = tok
@@ -390,18 +397,19 @@ class Thinker:
                 )
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 
-    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, b: int, sess: Session) -> None:
+    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, b: int, sess: Session) -> bool:
         """Row `b` keeps only the tokens the reply's forced call allows, with the model's own
         scores (so sampling still chooses among tool names), the suppressed ones included:
-        a forced token is the template's, even where free text may not write it."""
+        a forced token is the template's, even where free text may not write it. True when
+        the row's arguments are free but its turn may not end yet (no EOS)."""
         allowed = sess.forcing.allowed(sess.budget - len(sess.token_ids))
         if allowed is None:
             # Free arguments, but the turn does not end before the call does.
-            logits[b, self.eos_ids] = -math.inf
-            return
-        keep = torch.tensor(allowed, device=logits.device)
+            return True
+        keep = upload(allowed, logits.device)
         logits[b] = -math.inf
-        logits[b, keep] = raw[b, keep]
+        logits[b].index_copy_(0, keep, raw[b].index_select(0, keep))
+        return False
 
     def _text_tokens(self, turn: TextTurn) -> list[int]:
         """A tool's output goes in the user turn inside the template's tool_response tags."""
