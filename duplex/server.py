@@ -101,6 +101,8 @@ def create_app(settings: Settings) -> Starlette:
                 "store": ss.backend,
                 "duplex": native,
                 "duplex_default": native and duplex_default,
+                # What the model prepared and checked at start; "warnings" say what is slow.
+                "model_startup": info.startup if info is not None else {},
             },
             status_code=200 if up else 503,
         )

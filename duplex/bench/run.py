@@ -255,6 +255,11 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     steps = engine.stats.steps - steps_before
     stages = engine.stats.summary()
     frames = stages.get("codec", {}).get("items", 0)
+    # On a GPU the stage timers are the device's (duplex.engine.timing), and the engine
+    # thread's CPU time includes its waits for the device: what the GPU was busy with is the
+    # stages' sum, and a CPU share would say nothing of who computed.
+    gpu_s = (sum(sum(st.compute_ms) for st in engine.stats.stages.values()) / 1000
+             if str(engine.model.device).startswith("cuda") else None)
     return {
         "sessions": sessions,
         "realtime": realtime,
@@ -268,7 +273,10 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
         "engine_cpu_ms_per_session_frame": round(busy_cpu * 1000 / frames, 4) if frames else None,
-        "engine_cpu_share": round(busy_cpu / busy, 3) if busy else None,
+        "engine_cpu_share": round(busy_cpu / busy, 3) if busy and gpu_s is None else None,
+        "engine_gpu_ms_per_session_frame": (round(gpu_s * 1000 / frames, 4)
+                                            if gpu_s is not None and frames else None),
+        "engine_gpu_share": round(gpu_s / busy, 3) if gpu_s is not None and busy else None,
         "engine_steps": steps,
         "engine_ms_per_step": round(busy * 1000 / steps, 3) if steps else None,
         "rss_mb": _rss_mb(engine),
@@ -329,6 +337,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     maxima: dict[str, int] = {}
     codec_ratio = None
     model_name_seen = device = dtype_seen = None
+    startup: dict = {}
     try:
         wanted = (("batched", True), ("baseline", False)) if find or baseline else (("batched", True),)
         for mode, batching in wanted:
@@ -346,6 +355,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
             try:
                 model = engine.model
                 model_name_seen, device, dtype_seen = model.name, model.device, model.dtype
+                startup = model.startup
                 if find:
                     n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode,
                                                      arrivals, seed))
@@ -379,6 +389,7 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     return {
         "model": model_name_seen,
         "device": device,
+        "startup": startup,
         "dtype": dtype_seen,
         "cuda_graphs": cuda_graphs,
         "torch_threads": resolve_torch_threads(torch_threads),
@@ -421,6 +432,8 @@ def table(report: dict) -> str:
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
     row("engine CPU ms / session frame", lambda m: _num(m["engine_cpu_ms_per_session_frame"]))
     row("engine CPU share of busy", lambda m: _num(m["engine_cpu_share"]))
+    row("engine GPU ms / session frame", lambda m: _num(m["engine_gpu_ms_per_session_frame"]))
+    row("engine GPU share of busy", lambda m: _num(m["engine_gpu_share"]))
     row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
     row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
     row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))
@@ -440,6 +453,11 @@ def table(report: dict) -> str:
         f"{report['arrivals']} arrivals, seed {report['seed']}); "
         f"ratio batched/baseline: {report['ratio']}"
     )
+    startup = report.get("startup") or {}
+    if startup:
+        parts = [f"{k}: {v}" for k, v in startup.items() if k != "warnings"]
+        parts += [f"WARNING {w}" for w in startup.get("warnings", ())]
+        lines.append("model startup: " + "; ".join(parts))
     codec = next(iter(report["modes"].values()))["codec_stream_vs_offline"]
     if codec:
         lines.append(f"codec streaming vs offline cost per frame: {codec}")
