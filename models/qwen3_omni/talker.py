@@ -130,7 +130,13 @@ class Talker:
             )
             rows = [(sess, next(step_inputs)[None] if x is None else x) for sess, x in rows]
         if rows:
-            for sess, frame in zip((s for s, _ in rows), self._forward(rows), strict=True):
+            # A reply's first step forwards its whole context, the others one position each:
+            # in one forward every row would be padded to the longest (one such row among 32
+            # doubled the call), so they go apart, and meet again to sample.
+            rows.sort(key=lambda row: row[1].shape[0] > 1)
+            groups = [[r for r in rows if r[1].shape[0] == 1], [r for r in rows if r[1].shape[0] > 1]]
+            last = torch.cat([self._last_hidden(group) for group in groups if group])
+            for sess, frame in zip((s for s, _ in rows), self._frames(rows, last), strict=True):
                 frames[id(sess)] = frame
         return [frames[id(s)] for s in sessions]
 
@@ -158,8 +164,8 @@ class Talker:
             total = total + emb(codes[:, k + 1])
         return total
 
-    def _forward(self, rows: list[tuple[Session, torch.Tensor]]) -> list[TalkerFrame]:
-        opts = self.options
+    def _last_hidden(self, rows: list[tuple[Session, torch.Tensor]]) -> torch.Tensor:
+        """One forward of the rows' new positions -> each row's last hidden state (B, H)."""
         sessions = [s for s, _ in rows]
         new = np.array([x.shape[0] for _, x in rows])
         q = int(new.max())
@@ -176,17 +182,22 @@ class Talker:
             use_cache=True,
         )
         kv.commit()
-        batch = len(rows)
+        for sess, n in zip(sessions, new.tolist(), strict=True):
+            sess.talker_pos += n
         ends = upload(new - 1, self.device)
-        last = out.last_hidden_state[torch.arange(batch, device=self.device), ends]
+        return out.last_hidden_state[torch.arange(len(rows), device=self.device), ends]
+
+    def _frames(self, rows: list[tuple[Session, torch.Tensor]],
+                last: torch.Tensor) -> list[TalkerFrame]:
+        """The rows' last hidden states -> their next frames (codebook 0, then the rest)."""
+        opts = self.options
+        sessions = [s for s, _ in rows]
         logits = self.module.codec_head(last).float()
         logits.masked_fill_(self.codec_suppress, -math.inf)
         early = [sess.frames < opts.min_frames for sess in sessions]
         if any(early):
             logits[:, self.codec_eos].masked_fill_(upload(early, self.device, torch.bool),
                                                    -math.inf)
-        for b, sess in enumerate(sessions):
-            sess.talker_pos += int(new[b])
         first = sample_rows(logits, [_sampling(s, opts.talker_sampling) for s in sessions],
                             [s.talker_gen for s in sessions])
         # Every row's residual codes before the one read back: a row that drew codec EOS

@@ -361,7 +361,12 @@ class Thinker:
             active = [s for s in active if id(s) not in results]
         if active:
             embed = self.module.get_input_embeddings()
-            last = self.forward(active)
+            # A reply's first step forwards the assistant prefix, the others one position:
+            # apart, no row is padded to the prefix; they meet again to sample.
+            steps = [s for s in active if sum(p.embeds.shape[0] for p in s.pending) == 1]
+            active = steps + [s for s in active if id(s) not in {id(t) for t in steps}]
+            groups = (steps, active[len(steps):])
+            last = torch.cat([self.forward(group) for group in groups if group])
             logits = self.module.lm_head(last).float()
             raw = logits.clone() if any(s.forcing for s in active) else logits
             logits.masked_fill_(self.suppress, -math.inf)
