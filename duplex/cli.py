@@ -120,6 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
         arrivals=args.arrivals,
         seed=args.seed,
         pin_cpus=settings.engine.pin_cpus,
+        rounds=args.rounds,
     )
     print(table(report))
     if args.json:
@@ -315,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         "turn lengths from the speech fixtures, random pauses and barge-ins",
     )
     bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each mode (and measure its ceiling) this many times on one build; the "
+        "report gives the median round, with each round's maximum, ceiling and efficiency",
+    )
     bench.add_argument(
         "--mode",
         choices=["turns", "duplex"],

@@ -74,8 +74,14 @@ def measure(model: DuplexModel, batches: dict[str, int], repeats: int = REPEATS,
     return {"frame_ms": model.frame_samples / model.output_rate * 1000, "ms_per_call": costs}
 
 
-def ceiling(loads: dict[str, StageLoad], measured: dict) -> dict[str, Any]:
-    """The report's ceiling figures from the engine's loads and the model-alone costs."""
+def ceiling(loads: dict[str, StageLoad], measured: dict,
+            engine: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report's ceiling figures from the engine's loads and the model-alone costs. With
+    the engine's stage summary, each stage also says what the engine's own calls cost per
+    session frame and how many times the ceiling's that is: a stage whose cost does not hang
+    on the sessions' histories (the codec, the encoder) far over 1 says the calls ran slower
+    in the run than alone (a core shared with the sessions' loops), not that the engine added
+    work to them."""
     stages = {
         name: {
             "batch": load.batch,
@@ -85,6 +91,12 @@ def ceiling(loads: dict[str, StageLoad], measured: dict) -> dict[str, Any]:
         }
         for name, load in loads.items()
     }
+    frames = (engine or {}).get("codec", {}).get("items")
+    for name, stage in stages.items():
+        total = (engine or {}).get(name, {}).get("total_ms")
+        if frames and total is not None:
+            stage["engine_ms_per_session_frame"] = round(total / frames, 4)
+            stage["engine_vs_ceiling"] = round(total / frames / stage["ms_per_session_frame"], 3)
     cost = sum(s["ms_per_session_frame"] for s in stages.values())
     return {
         "ceiling_ms_per_session_frame": cost or None,

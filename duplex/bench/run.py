@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -319,18 +320,19 @@ def measure_ceiling(engine, stages: dict) -> dict:
     engine.wait_idle()
     measured = engine.query(partial(ceiling.measure,
                                     batches={name: load.batch for name, load in loads.items()}))
-    return ceiling.ceiling(loads, measured)
+    return ceiling.ceiling(loads, measured, stages)
 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
           scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
           cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0,
-          pin_cpus: bool = False) -> dict:
+          pin_cpus: bool = False, rounds: int = 1) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
     thread (engine.process = false): the engine settings the server uses. `dtype` and
     `cuda_graphs` and `pin_cpus` as model.dtype, engine.cuda_graphs and engine.pin_cpus. `arrivals` and `seed` say when
-    sessions start and how they talk (arrivals.py)."""
+    sessions start and how they talk (arrivals.py). `rounds`: each mode's run and its
+    ceiling, that many times on one build; a mode reports its median round (`_median`)."""
     vad = VadService()
     echo_guard_warm_up()
     modes: dict[str, dict] = {}
@@ -356,20 +358,14 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 model = engine.model
                 model_name_seen, device, dtype_seen = model.name, model.device, model.dtype
                 startup = model.startup
+                runs = []
+                for k in range(rounds):
+                    label = mode if rounds == 1 else f"{mode} round {k + 1}"
+                    runs.append(_round(engine, vad, find, sessions, duration_s, limit, log,
+                                       label, arrivals, seed))
+                modes[mode] = result = _median(runs, find)
                 if find:
-                    n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode,
-                                                     arrivals, seed))
-                    result = result or asyncio.run(
-                        run_mode(engine, vad, 1, duration_s, arrivals, seed))
-                    result["max_realtime_sessions"] = maxima[mode] = n
-                else:
-                    result = asyncio.run(
-                        run_mode(engine, vad, sessions, duration_s, arrivals, seed))
-                result.update(measure_ceiling(engine, result["stages"]))
-                if find:
-                    cap = result["ceiling_sessions"]
-                    result["efficiency"] = round(n / cap, 3) if cap else None
-                modes[mode] = result
+                    maxima[mode] = result["max_realtime_sessions"]
                 # The model's caches since the engine started (models.caches), measured apart.
                 result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
                 if codec_ratio is None:
@@ -402,8 +398,52 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     }
 
 
+def _round(engine, vad, find: bool, sessions: int, duration_s: float, limit: int, log,
+           label: str, arrivals: str, seed: int) -> dict:
+    """One run (the largest real-time count with `find`, else `sessions`) and its ceiling."""
+    if find:
+        n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, label,
+                                         arrivals, seed))
+        result = result or asyncio.run(run_mode(engine, vad, 1, duration_s, arrivals, seed))
+        result["max_realtime_sessions"] = n
+    else:
+        result = asyncio.run(run_mode(engine, vad, sessions, duration_s, arrivals, seed))
+    result.update(measure_ceiling(engine, result["stages"]))
+    if find:
+        cap = result["ceiling_sessions"]
+        result["efficiency"] = round(result["max_realtime_sessions"] / cap, 3) if cap else None
+    return result
+
+
+def _median(runs: list[dict], find: bool) -> dict:
+    """The median round of a mode (by efficiency with `find`, else by rtf), with every round's
+    figures beside it and, for more than one, the median and the range of each."""
+    key = "efficiency" if find else "rtf"
+    ranked = sorted(runs, key=lambda r: r.get(key) or 0.0)
+    result = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) == 1:
+        return result
+    figures = ("max_realtime_sessions", "ceiling_sessions", "efficiency") if find else (
+        "rtf", "ceiling_sessions")
+    result["rounds"] = [{f: r.get(f) for f in figures} for r in runs]
+    for f in figures:
+        values = [r[f] for r in runs if r.get(f) is not None]
+        if values:
+            result[f] = round(statistics.median(values), 3)
+            result[f"{f}_range"] = [min(values), max(values)]
+    return result
+
+
 def _num(value) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _spread(mode: dict, figure: str) -> str:
+    """`low-high (n rounds)` of a figure measured in several rounds."""
+    span = mode.get(f"{figure}_range")
+    if not span:
+        return "-"
+    return f"{_num(span[0])}-{_num(span[1])} ({len(mode['rounds'])})"
 
 
 def table(report: dict) -> str:
@@ -437,6 +477,8 @@ def table(report: dict) -> str:
     row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
     row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
     row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))
+    row("efficiency range (rounds)", lambda m: _spread(m, "efficiency"))
+    row("max sessions range (rounds)", lambda m: _spread(m, "max_realtime_sessions"))
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))
@@ -445,6 +487,8 @@ def table(report: dict) -> str:
         row(f"{st}: compute ms p50/p95", lambda m, st=st: pq(m["stages"][st]["compute_ms"]) if st in m["stages"] else "-")
         row(f"{st}: queue ms p50/p95", lambda m, st=st: pq(m["stages"][st]["queue_ms"]) if st in m["stages"] else "-")
         row(f"{st}: mean batch", lambda m, st=st: str(m["stages"][st]["mean_batch"]) if st in m["stages"] else "-")
+        row(f"{st}: engine / ceiling ms per frame",
+            lambda m, st=st: _num(m.get("ceiling_stages", {}).get(st, {}).get("engine_vs_ceiling")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
