@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 
@@ -136,6 +135,17 @@ _FACTORIES = {"zeros", "ones", "empty", "full", "arange", "range", "linspace", "
 _READ_METHODS = {"tolist", "numpy", "cpu", "__array__"}
 
 
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (aten takes them bare or in flat lists)."""
+    found = []
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, torch.Tensor):
+            found.append(arg)
+        elif isinstance(arg, (list, tuple)):
+            found += [a for a in arg if isinstance(a, torch.Tensor)]
+    return found
+
+
 class _Dispatch(TorchDispatchMode):
     def __init__(self, owner: SyncCounter) -> None:
         super().__init__()
@@ -145,15 +155,14 @@ class _Dispatch(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         owner = self.owner
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        tensors = _tensors(args, kwargs)
         # A 0-dim host tensor (a scalar) is taken by value; any other crosses.
         host = [t for t in tensors if t.dim() and owner.is_host(t)]
         device = [t for t in tensors if not owner.is_host(t)]
         if func is aten.lift_fresh.default or owner.hosting or (tensors and not device):
             # Host data, and host arithmetic (scalars included), stays on the host.
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    owner.on_host(t)
+            for t in _tensors((out,), {}):
+                owner.on_host(t)
             return out
         if owner.quiet:
             return out

@@ -69,23 +69,21 @@ def test_every_stage_call_reads_from_the_device_at_most_once(adapter):
     states = [adapter.new_state(f"sync-{i}") for i in range(BATCH)]
     calls: dict[str, list[SyncCounter]] = {}
     try:
-        for _ in range(2):
-            chunks = [(0.1 * rng.standard_normal(16000)).astype(np.float32)
-                      for _ in range(BATCH)]
-            feats = _counted(calls, "encode", adapter.encode_audio, states, chunks)
-            _counted(calls, "prefill", adapter.thinker_prefill, states, feats)
-            for state in states:
-                adapter.begin_response(state)
-            codes = [None] * BATCH
-            # Through the replies' ends: the Thinker's EOS, the Talker's last frames, the codec
-            # rows taken at a reply's first frame.
-            for _step in range(7):
-                tokens = _counted(calls, "thinker", adapter.thinker_decode, states)
-                frames = _counted(calls, "talker", adapter.talker_step, states, tokens)
-                codes = [f.codes if f.codes is not None else c
-                         for f, c in zip(frames, codes, strict=True)]
-                if all(c is not None for c in codes):
-                    _counted(calls, "codec", adapter.codec_decode, states, codes)
+        chunks = [(0.1 * rng.standard_normal(16000)).astype(np.float32) for _ in range(BATCH)]
+        feats = _counted(calls, "encode", adapter.encode_audio, states, chunks)
+        _counted(calls, "prefill", adapter.thinker_prefill, states, feats)
+        for state in states:
+            adapter.begin_response(state)
+        codes = [None] * BATCH
+        # Through the replies' ends: the Thinker's EOS, the Talker's last frames, the codec
+        # rows taken at a reply's first frame.
+        for _ in range(7):
+            tokens = _counted(calls, "thinker", adapter.thinker_decode, states)
+            frames = _counted(calls, "talker", adapter.talker_step, states, tokens)
+            codes = [f.codes if f.codes is not None else c
+                     for f, c in zip(frames, codes, strict=True)]
+            if all(c is not None for c in codes):
+                _counted(calls, "codec", adapter.codec_decode, states, codes)
     finally:
         for state in states:
             adapter.free(state)
