@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -83,8 +84,10 @@ class Code2WavState:
     def batch_size(self) -> int:
         return self.frames.shape[0]
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
+        """Fixed for a state (its buffers are written in place or replaced by the same shape),
+        and read for every session at every engine report."""
         return self.frames.nbytes + sum(t.numel() * t.element_size() for t in self.buffers)
 
     @property

@@ -167,13 +167,13 @@ class Talker:
     def _last_hidden(self, rows: list[tuple[Session, torch.Tensor]]) -> torch.Tensor:
         """One forward of the rows' new positions -> each row's last hidden state (B, H)."""
         sessions = [s for s, _ in rows]
-        new = np.array([x.shape[0] for _, x in rows])
-        q = int(new.max())
+        new = [x.shape[0] for _, x in rows]
+        q, ends = max(new), np.array(new) - 1
         embeds = torch.nn.utils.rnn.pad_sequence([x for _, x in rows], batch_first=True)
         # Padding repeats a row's last position so rotary phases stay in range.
         positions = np.array([s.talker_pos for s in sessions])[:, None] + np.minimum(
-            np.arange(q)[None], new[:, None] - 1)
-        kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new.tolist())
+            np.arange(q)[None], ends[:, None])
+        kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new)
         out = self.module.model(
             inputs_embeds=embeds,
             attention_mask=kv.mask,
@@ -182,10 +182,10 @@ class Talker:
             use_cache=True,
         )
         kv.commit()
-        for sess, n in zip(sessions, new.tolist(), strict=True):
+        for sess, n in zip(sessions, new, strict=True):
             sess.talker_pos += n
-        ends = upload(new - 1, self.device)
-        return out.last_hidden_state[torch.arange(len(rows), device=self.device), ends]
+        last = upload(ends, self.device)
+        return out.last_hidden_state[torch.arange(len(rows), device=self.device), last]
 
     def _frames(self, rows: list[tuple[Session, torch.Tensor]],
                 last: torch.Tensor) -> list[TalkerFrame]:
