@@ -45,7 +45,9 @@ def upload(values: Sequence | np.ndarray, device, dtype: torch.dtype = torch.lon
     memory, whose block the caching host allocator keeps until the copy has run."""
     counter = _counter()
     with _quiet(counter):
-        host = torch.as_tensor(np.asarray(values), dtype=dtype)
+        # A copy on the CPU too: the device's tensor never aliases host memory the caller
+        # goes on changing (a codec state's frame counts).
+        host = torch.tensor(np.asarray(values), dtype=dtype)
         if torch.device(device).type == "cuda":
             out = host.pin_memory().to(device, non_blocking=True)
         else:

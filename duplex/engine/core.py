@@ -126,17 +126,12 @@ class EngineCore:
     def _loop(self) -> None:
         window_start = self.clock()
         window_busy = 0.0
-        stepped = False
         while not self._stopping.is_set():
-            # Right after a step there may be more to do: take what requests came, and plan
-            # again at once; only a loop that found nothing to do waits for requests.
             idle = not any(sq.response for sq in self.scheduler.sessions.values())
-            wait = 0.0 if stepped else 0.05 if idle else 0.002
-            self._apply_requests(block_s=self._duplex_wait(wait))
+            self._apply_requests(block_s=self._duplex_wait(0.05 if idle else 0.002))
             start, cpu_start = self.clock(), time.thread_time()
             plan = self.scheduler.schedule(start)
-            stepped = not plan.empty
-            if stepped:
+            if not plan.empty:
                 try:
                     self._step(plan, start)
                 except Exception as exc:
