@@ -139,6 +139,7 @@ def _bench(args: argparse.Namespace) -> int:
         batched_only=args.batched_only,
         kv_memory=settings.engine.kv_memory,
         kv_sessions=args.kv_sessions,
+        rounds=args.rounds,
     )
     print(table(report))
     if args.json:
@@ -386,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also measure the KV pools with N sessions of mixed context lengths (default 64; "
         "0: not)",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each mode (and measure its ceiling) this many times on one build; the "
+        "report gives the median round, with each round's maximum, ceiling and efficiency",
     )
     bench.add_argument(
         "--mode",

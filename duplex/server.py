@@ -121,6 +121,8 @@ def create_app(settings: Settings) -> Starlette:
             "kv": {stage: {"blocks_total": pool.blocks_total, "blocks_used": pool.blocks_used,
                            "blocks_free": pool.blocks_free, "block_bytes": pool.block_bytes}
                    for stage, pool in getattr(engine, "kv_stats", {}).items()},
+            # What the model prepared and checked at start; "warnings" say what is slow.
+            "model_startup": info.startup if info is not None else {},
         }
         if refused is not None:
             body.update(limit=refused.limit, message=str(refused))

@@ -206,6 +206,13 @@ class DuplexModel(ABC):
     """Native full duplex: the step that takes input frame k returns output frame k - delay + 1,
     so output frame k lies on the timeline at input frame k + delay. None: turns only."""
 
+    def warm_up(self, max_batch: int) -> dict[str, Any]:
+        """Prepare, before the first session, what serving must not stop for (CUDA graphs
+        are captured here, never mid-serving) for stage calls of up to `max_batch` rows; what
+        was prepared and checked, for /healthz and the bench ("warnings": what an operator
+        must know)."""
+        return {}
+
     @abstractmethod
     def new_state(self, session_id: str) -> ModelState: ...
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from models.kv import SlotOwnershipError
+from models.syncs import sent
 
 BLOCK_SIZE = 64
 """Positions per block: a multiple of the attention kernels' tile (FlexAttention reads a block
@@ -107,11 +108,11 @@ class _Staging:
     def send(self, i: int, n: int) -> torch.Tensor:
         """The first `n` values of buffer `i` on the device."""
         if self.device.type != "cuda":
-            return self.dev[i][:n]
+            return sent(self.dev[i][:n])
         self.dev[i][:n].copy_(self.host[i][:n], non_blocking=True)
         event = self.events[i] = self.events[i] or torch.cuda.Event()
         event.record()
-        return self.dev[i][:n]
+        return sent(self.dev[i][:n])
 
 
 class PagedKV:

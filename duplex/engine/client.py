@@ -90,13 +90,16 @@ class ModelInfo:
     """Native full duplex: the model's fixed delay in frames; None for turns only."""
     restores_context: bool = False
     rewinds_context: bool = False
+    startup: dict[str, Any] = field(default_factory=dict)
+    """What the model prepared and checked before serving (`DuplexModel.warm_up`)."""
 
     @classmethod
-    def of(cls, model) -> ModelInfo:
+    def of(cls, model, startup: dict[str, Any] | None = None) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
                    model.input_chunk_samples, tuple(model.voices), model.default_voice,
-                   model.duplex_delay_frames, model.restores_context, model.rewinds_context)
+                   model.duplex_delay_frames, model.restores_context, model.rewinds_context,
+                   startup or {})
 
 
 @dataclass

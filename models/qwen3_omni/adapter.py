@@ -58,6 +58,7 @@ from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.thinker import ContextTooLong, Thinker, render_system
 from models.qwen3_omni.tiny import load, load_options, load_preprocessor, load_tokenizer
 from models.reply import ReplySpec
+from models.syncs import fetch
 
 __all__ = [
     "OUTPUT_RATE",
@@ -71,10 +72,10 @@ __all__ = [
     "VisionFeatures",
 ]
 
-STATE_KEY = "qwen3_omni"
-OUTPUT_RATE = 24000
 log = logging.getLogger("duplex.models")
 
+STATE_KEY = "qwen3_omni"
+OUTPUT_RATE = 24000
 CUDA_KV_FRACTION = 0.8
 """Of the device memory free once the weights are loaded, what the KV pools take by default;
 the rest is for activations, graphs and the allocator's slack."""
@@ -179,6 +180,7 @@ class Qwen3OmniAdapter(DuplexModel):
         )
         self.voices = self._talker.voices
         self.default_voice = options.speaker.lower()
+        self.experts = experts_implementations(model)
 
     @classmethod
     def from_pretrained(
@@ -209,6 +211,26 @@ class Qwen3OmniAdapter(DuplexModel):
             cuda_graphs,
             kv_memory,
         )
+
+    def warm_up(self, max_batch: int) -> dict[str, Any]:
+        """Capture the code predictor's graphs for every bucket up to `max_batch` (with
+        `cuda_graphs` on a CUDA device), and check the MoE experts' implementation: on a GPU,
+        transformers' eager fallback loops over the experts with a host sync each (~50k
+        launches per Thinker step at batch 64, against a few with grouped_mm)."""
+        report: dict[str, Any] = {"experts": self.experts, "warnings": []}
+        slow = {part: impl for part, impl in self.experts.items() if impl != "grouped_mm"}
+        if slow and self.device.startswith("cuda"):
+            warning = (f"MoE experts not on grouped_mm ({slow}): every Thinker and Talker step "
+                       "loops over experts with a host sync each; expect it to be many times "
+                       "slower (transformers fell back, or experts_implementation was set)")
+            log.warning(warning)
+            report["warnings"].append(warning)
+        graphs = self._talker.graphs
+        if graphs is not None:
+            report["code_predictor_graphs"] = list(graphs.warm_up(max_batch))
+            if graphs.failed:
+                report["warnings"].append("code predictor CUDA graph capture failed: eager")
+        return report
 
     # ---- per-session state -------------------------------------------------------------------
 
@@ -333,7 +355,7 @@ class Qwen3OmniAdapter(DuplexModel):
                 [sessions[i].codec_row for i in idx],
                 [sessions[i].sid for i in idx],
             )
-            pcm = pcm.float().cpu().numpy()
+            pcm = fetch(pcm.float())
             for j, i in enumerate(idx):
                 out[i] = pcm[j]
         return out
@@ -362,6 +384,17 @@ def _placed(model, device: str, dtype: torch.dtype):
             for param in model.parameters():
                 param.data = param.data.to(dtype)
     return model
+
+
+def experts_implementations(model) -> dict[str, str]:
+    """The experts implementation each MoE part (thinker, talker) runs, as its experts
+    modules read it at every forward."""
+    found: dict[str, set[str]] = {}
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("Experts") and hasattr(module, "config"):
+            impl = getattr(module.config, "_experts_implementation", None)
+            found.setdefault(name.split(".")[0], set()).add(str(impl))
+    return {part: "/".join(sorted(impls)) for part, impls in sorted(found.items())}
 
 
 def _shape(text_config) -> tuple[int, int, int]:

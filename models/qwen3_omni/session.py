@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from models.kv import tensor_bytes
@@ -43,9 +44,9 @@ class Piece:
     """Consecutive Thinker positions of one kind, waiting for the next forward."""
 
     embeds: torch.Tensor
-    positions: torch.Tensor
+    positions: np.ndarray
     """(3, n) M-RoPE positions (temporal, height, width), on the host: a batch's index
-    tensors are assembled there and cross to the device once."""
+    arrays are assembled there and cross to the device once (`models.syncs.upload`)."""
     role: int
     multimodal: bool = False
     deepstack: tuple[torch.Tensor, ...] | None = None
@@ -127,10 +128,10 @@ class Session:
 
     @property
     def nbytes(self) -> int:
-        pieces = [(p.embeds, p.positions, p.deepstack or ()) for p in self.pending]
+        pieces = [(p.embeds, p.deepstack or ()) for p in self.pending]
         held = tensor_bytes(
             [pieces, self.talker_ctx, self.talker_prefix, self.text_queue, self.last_codes]
-        )
+        ) + sum(p.positions.nbytes for p in self.pending)
         if self.thinker_slot is not None:
             held += self.pools.thinker.slot_bytes(self.thinker_slot)
         if self.talker_slot is not None:

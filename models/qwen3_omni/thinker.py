@@ -21,6 +21,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from models.base import Mark, ReplyTurn, Rewind, TextTurn, ThinkerToken
@@ -33,6 +34,7 @@ from models.qwen3_omni.memory import KVMemory, cut
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
+from models.syncs import fetch, upload
 from models.tool_forcing import OPEN, CallForcing, CallMasks, Vocabulary, forced_names
 
 
@@ -63,7 +65,12 @@ class Thinker(ConversationTurns):
         self.ids = token_ids(tokenizer, model.config)
         self.eos_ids = sorted(self.ids["eos"])
         vocab = model.config.thinker_config.text_config.vocab_size
+        # Masks over the vocabulary, on the device once: a step fills with them, where
+        # indexing by a boolean mask or a list of ids would sync or copy every time.
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
+        self.eos = torch.zeros(vocab, dtype=torch.bool)
+        self.eos[self.eos_ids] = True
+        self.eos = self.eos.to(device)
         self.prefix_cache, self.memory = prefix_cache, memory
         # A cache entry is blocks of this pool: the key says which.
         self.version = f"{version}@kv{kv.uid}"
@@ -150,24 +157,22 @@ class Thinker(ConversationTurns):
 
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
-        ids = torch.tensor(tokens, device=self.device)
-        embeds = self.module.get_input_embeddings()(ids)
+        embeds = self.module.get_input_embeddings()(upload(tokens, self.device))
         self.push(sess, embeds, role)
 
     def push(
         self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False
     ) -> None:
         n = embeds.shape[0]
-        pos = torch.arange(sess.next_pos, sess.next_pos + n).expand(3, -1)
+        pos = np.broadcast_to(np.arange(sess.next_pos, sess.next_pos + n), (3, n))
         sess.pending.append(Piece(embeds, pos, role, multimodal))
         sess.next_pos += n
 
     def push_vision(self, sess: Session, feats: VisionFeatures) -> None:
         h, w = feats.grid
         start = sess.next_pos
-        hh = torch.arange(h)[:, None].expand(h, w).flatten()
-        ww = torch.arange(w)[None, :].expand(h, w).flatten()
-        pos = torch.stack([torch.zeros_like(hh), hh, ww]) + start
+        hh, ww = np.divmod(np.arange(h * w), w)
+        pos = np.stack([np.zeros_like(hh), hh, ww]) + start
         sess.pending.append(Piece(feats.embeds, pos, USER, True, feats.deepstack))
         sess.next_pos = start + max(h, w)
 
@@ -335,10 +340,11 @@ class Thinker(ConversationTurns):
         embeds = torch.nn.utils.rnn.pad_sequence(
             [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
         )
-        positions = torch.zeros(3, batch, q, dtype=torch.long)
-        role = torch.zeros(batch, q, dtype=torch.long)
-        multimodal = torch.zeros(batch, q, dtype=torch.bool)
-        visual = torch.zeros(batch, q, dtype=torch.bool)
+        # What each position is, laid out on the host and sent over in one upload each.
+        positions = np.zeros((3, batch, q), dtype=np.int64)
+        role = np.zeros((batch, q), dtype=np.int8)
+        multimodal = np.zeros((batch, q), dtype=bool)
+        visual = np.zeros((batch, q), dtype=bool)
         deep: list[list[torch.Tensor]] = []
         for b, row in enumerate(pieces):
             at = 0
@@ -355,17 +361,16 @@ class Thinker(ConversationTurns):
                 at += n
             # Padding repeats the last position so rotary phases stay in range.
             positions[:, b, at:] = positions[:, b, at - 1 : at]
-        user_mm = multimodal & (role == USER)
-        capture = bool(user_mm.any())
+        capture = bool((multimodal & (role == USER)).any())
         accept = self.talker.accept_layer
         kv = self.kv.bind([s.thinker_slot for s in sessions], [s.sid for s in sessions], new)
         out = self.lm(
             inputs_embeds=embeds,
             attention_mask=kv.mask,
-            position_ids=positions.to(self.device),
+            position_ids=upload(positions, self.device),
             **{compat.THINKER_CACHE: kv},
             use_cache=True,
-            visual_pos_masks=visual.to(self.device) if deep else None,
+            visual_pos_masks=upload(visual, self.device, torch.bool) if deep else None,
             deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
             output_hidden_states=[accept] if capture else False,
         )
@@ -380,8 +385,8 @@ class Thinker(ConversationTurns):
         for sess in sessions:
             sess.pending, sess.head = [], ()
         accepted = out.hidden_states[accept] if capture else None
-        self.talker.take_context(sessions, embeds, accepted, role, multimodal, user_mm)
-        last = torch.tensor(new, device=self.device) - 1
+        self.talker.take_context(sessions, embeds, accepted, role, multimodal & (role == USER))
+        last = upload([n - 1 for n in new], self.device)
         return out.last_hidden_state[torch.arange(batch, device=self.device), last]
 
     def _open_slot(self, sess: Session) -> None:
@@ -411,8 +416,7 @@ class Thinker(ConversationTurns):
             embed = self.module.get_input_embeddings()
             fed = [sess for sess in active if sess.last_token is not None]
             if fed:
-                ids = torch.tensor([sess.last_token for sess in fed], device=self.device)
-                embeds = embed(ids)
+                embeds = embed(upload([sess.last_token for sess in fed], self.device))
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
             for sess in [s for s in active if s.full or s.kv_full or s.lost_input
@@ -426,21 +430,27 @@ class Thinker(ConversationTurns):
             active = [s for s in active if id(s) not in results]
         if active:
             embed = self.module.get_input_embeddings()
-            last = self.forward(active)
+            # A reply's first step forwards the assistant prefix, the others one position:
+            # apart, no row is padded to the prefix; they meet again to sample.
+            steps = [s for s in active if sum(p.embeds.shape[0] for p in s.pending) == 1]
+            active = steps + [s for s in active if id(s) not in {id(t) for t in steps}]
+            groups = (steps, active[len(steps):])
+            last = torch.cat([self.forward(group) for group in groups if group])
             logits = self.module.lm_head(last).float()
             raw = logits.clone() if any(s.forcing for s in active) else logits
-            logits[:, self.suppress] = -math.inf
+            logits.masked_fill_(self.suppress, -math.inf)
             opts = self.options
-            for b, sess in enumerate(active):
-                if len(sess.token_ids) < opts.min_text_tokens:
-                    logits[b, self.eos_ids] = -math.inf
+            no_eos = [len(s.token_ids) < opts.min_text_tokens for s in active]
+            if any(no_eos):
+                rows = upload(no_eos, self.device, torch.bool)
+                logits.masked_fill_(rows[:, None] & self.eos, -math.inf)
             self._constrain(logits, raw, active)
             base = opts.thinker_sampling
             samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
                          for s in active]
             tokens = sample_rows(logits, samplings, [s.thinker_gen for s in active])
             conditioning = self.talker.conditioning(embed(tokens))
-            for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
+            for b, (sess, tok) in enumerate(zip(active, fetch(tokens).tolist(), strict=True)):
                 if sess.forcing is not None:
                     sess.forcing.advance(tok)
                     if sess.forcing.broken or sess.forcing.finished and not sess.forcing.ends_turn:

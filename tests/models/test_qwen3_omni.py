@@ -205,7 +205,7 @@ def test_chunked_thinker_equals_one_pass(make):
     assert len(lasts) == len(SCRIPTS["b"]) + 1
 
     embeds = torch.cat([p.embeds for p in fed])[None]
-    positions = torch.cat([p.positions for p in fed], dim=1)[:, None]
+    positions = torch.from_numpy(np.concatenate([p.positions for p in fed], axis=1))[:, None]
     visual = torch.cat([torch.full((p.embeds.shape[0],), p.deepstack is not None) for p in fed])
     deep = [
         torch.cat(layer) for layer in zip(*(p.deepstack for p in fed if p.deepstack), strict=True)
