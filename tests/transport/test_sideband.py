@@ -52,7 +52,8 @@ async def drain(connection) -> list[str]:
     return [event.type async for event in connection]
 
 
-async def test_a_sideband_runs_the_calls_tools_and_closes_with_it(server, wait_released):
+async def test_a_sideband_runs_the_calls_tools_and_closes_with_it(server, wait_released,
+                                                                  mcp_servers):
     caller = Caller()
     try:
         answer = await caller.connect(server.url, KEY)
@@ -65,14 +66,20 @@ async def test_a_sideband_runs_the_calls_tools_and_closes_with_it(server, wait_r
             joined = await next_of(sideband, "session.created")
             assert joined.session.id == created["session"]["id"]
 
-            # The tools live on the server's side; the browser sees them applied.
+            # The tools live on the server's side, an MCP server's secret included: the
+            # browser sees them applied, and never the secret.
+            mcp_servers.authorizations.clear()
+            crm = {"type": "mcp", "server_label": "crm", "server_url": mcp_servers.http_url,
+                   "authorization": "sideband-secret", "require_approval": "never"}
             await sideband.session.update(session={
                 "type": "realtime", "instructions": "Answer about the weather.",
-                "tools": [WEATHER]})
+                "tools": [WEATHER, crm]})
             updated = await next_of(sideband, "session.updated")
-            assert [t.name for t in updated.session.tools] == ["get_weather"]
+            assert [t.type for t in updated.session.tools] == ["function", "mcp"]
             on_call = await caller.wait_for("session.updated")
             assert on_call["session"]["tools"][0]["name"] == "get_weather"
+            assert (await caller.wait_for("mcp_list_tools.completed"))
+            assert set(mcp_servers.authorizations) == {"Bearer sideband-secret"}
 
             # The browser asks; the model's call reaches the sideband, which answers it.
             caller.send({"type": "conversation.item.create", "item": {
@@ -98,13 +105,17 @@ async def test_a_sideband_runs_the_calls_tools_and_closes_with_it(server, wait_r
             second = await next_of(sideband, "response.done")
             assert second.response.id == done["response"]["id"]
 
-            # Hanging up ends the call, and with it the sideband (a normal close).
+            # Hanging up ends the call, and with it the sideband (a normal close); another
+            # key's hang-up finds no call.
             async with httpx.AsyncClient() as client:
-                hung = await client.post(f"{server.url}{call_path}/hangup",
-                                         headers={"Authorization": f"Bearer {KEY}"})
+                url = f"{server.url}{call_path}/hangup"
+                foreign = await client.post(url, headers={"Authorization": f"Bearer {OTHER}"})
+                assert foreign.status_code == 404
+                hung = await client.post(url, headers={"Authorization": f"Bearer {KEY}"})
                 assert hung.status_code == 200
             rest = await asyncio.wait_for(drain(sideband), 10)
             assert "error" not in rest
+        assert "sideband-secret" not in json.dumps([e for _, e in caller.events])
     finally:
         await caller.close()
     await wait_released(server)

@@ -300,7 +300,9 @@ class CallRegistry:
 
     async def hangup(self, request: Request) -> Response:
         call = self.calls.get(request.path_params["call_id"])
-        if call is None:
+        principal = request.scope.get("state", {}).get("principal") or Principal("anonymous")
+        # Another key's call does not exist for it, as for a sideband.
+        if call is None or call.owner != principal.key_id:
             return error_response(404, "call_not_found", "No such call.")
         call.session.carrier_gone()
         return JSONResponse({})
