@@ -79,12 +79,13 @@ class Sidebands:
     def __len__(self) -> int:
         return len(self._attached)
 
-    def attach(self, sideband: Sideband, first: str) -> bool:
+    def attach(self, sideband: Sideband, first: str | None) -> bool:
         """`first` (its session.created) goes ahead of every later event; False when the call
         has ended meanwhile."""
         if self.closed:
             return False
-        sideband.offer(first)
+        if first is not None:
+            sideband.offer(first)
         self._attached.add(sideband)
         return True
 
@@ -112,8 +113,9 @@ class LiveCall(Protocol):
     """The key the call was opened with (its key id); a sideband must show the same."""
     sidebands: Sidebands
 
-    def attached_event(self) -> str:
-        """session.created as a sideband that attaches now sees it."""
+    def attached_event(self) -> str | None:
+        """session.created as a sideband that attaches now sees it; None before the session
+        has sent its own."""
 
     def feed_text(self, text: str) -> None: ...
 

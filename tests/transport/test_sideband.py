@@ -10,8 +10,10 @@ import pytest
 import websockets
 from openai import AsyncOpenAI
 
+from duplex.transport import sideband as sidebands
 from tests.conftest import ServerProcess
 from tests.transport.test_webrtc import Caller
+from tests.waiting import eventually
 
 KEY, OTHER = "sk-sideband", "sk-someone-else"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -20,7 +22,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 ASKS_WEATHER = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
                 "</tool_call>")
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ async def drain(connection) -> list[str]:
     return [event.type async for event in connection]
 
 
+@pytest.mark.slow
 async def test_a_sideband_runs_the_calls_tools_and_closes_with_it(server, wait_released,
                                                                   mcp_servers):
     caller = Caller()
@@ -129,6 +131,7 @@ async def refused(server, call_id: str, key: str) -> websockets.InvalidStatus:
     return info.value
 
 
+@pytest.mark.slow
 async def test_an_unknown_or_anothers_call_is_not_found(server, wait_released):
     unknown = await refused(server, "rtc_nosuchcall", KEY)
     assert unknown.response.status_code == 404
@@ -150,6 +153,7 @@ async def test_an_unknown_or_anothers_call_is_not_found(server, wait_released):
     await wait_released(server)
 
 
+@pytest.mark.slow
 async def test_an_ephemeral_key_opens_a_call_with_its_settings(server, wait_released):
     minted = await sdk(server).realtime.client_secrets.create(
         expires_after={"anchor": "created_at", "seconds": 60},
@@ -174,3 +178,36 @@ async def test_an_ephemeral_key_opens_a_call_with_its_settings(server, wait_rele
     finally:
         await caller.close()
     await wait_released(server)
+
+
+class Socket:
+    """What a sideband writes to: its events, in order."""
+
+    def __init__(self):
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+
+async def test_a_sideband_that_does_not_read_is_let_go_and_the_call_goes_on(monkeypatch):
+    monkeypatch.setattr(sidebands, "MAX_QUEUED", 3)
+    attached = sidebands.Sidebands()
+    slow, quick = sidebands.Sideband(Socket()), sidebands.Sideband(Socket())
+    assert attached.attach(slow, "created") and attached.attach(quick, "created")
+    quick_writer = asyncio.create_task(quick.write())
+    for i in range(4):
+        attached.publish(f"e{i}")
+        await eventually(lambda n=i + 2: len(quick.ws.sent) == n, "the quick sideband keeps up")
+    # The slow one is closed as too slow, its backlog dropped; the other is still attached.
+    assert len(attached) == 1 and (slow.close_code, slow.close_reason[:19]) == (
+        1008, "sideband too slow: ")
+    await slow.write()
+    assert slow.ws.sent == []
+    # The call ends: what was queued is written, then the close.
+    attached.publish("last")
+    attached.close()
+    await quick_writer
+    assert quick.ws.sent == ["created", "e0", "e1", "e2", "e3", "last"]
+    assert quick.close_code == 1000
+    assert not attached.attach(sidebands.Sideband(Socket()), None)

@@ -70,9 +70,12 @@ class Call:
         self.channel = None
         self.pending: list[str] = []
         self.tasks: list[asyncio.Task] = []
+        self.started = False
+        """The session has sent its first event (session.created)."""
 
-    def attached_event(self) -> str:
-        return json.dumps(self.session.protocol.attached())
+    def attached_event(self) -> str | None:
+        # Before the session starts, a sideband gets its own session.created with everyone.
+        return json.dumps(self.session.protocol.attached()) if self.started else None
 
     def feed_text(self, text: str) -> None:
         self.session.feed_text(text)
@@ -81,6 +84,7 @@ class Call:
         self.session.feed_bytes(data)
 
     async def send_text(self, text: str) -> None:
+        self.started = True
         self.sidebands.publish(text)
         # Events can come before the browser's data channel opens; they wait for it.
         if self.channel is not None and self.channel.readyState == "open":
