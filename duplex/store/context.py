@@ -29,6 +29,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -173,13 +174,16 @@ class ReplySpan:
     """(place in the reply, where their audio starts in it, ids); None: never voiced."""
     saved: tuple[list[int], Part] | None = None
     """The ids last saved and their part."""
+    speed: Fraction = Fraction(1)
+    """The speed it was voiced at (audio.output.speed): a token's audio that starts at
+    `start` of the reply reaches the listener at `start / speed`."""
 
     def heard_ids(self, heard: int | None, scale: float) -> list[int]:
         """The reply's tokens in order, up to the first whose audio had not started."""
         ids: list[int] = []
         for place, start, part in sorted(self.tokens):
             if place != len(ids) or (heard is not None and start is not None
-                                     and start * scale >= heard):
+                                     and start * scale >= heard * self.speed):
                 break
             ids += part
         return ids
@@ -270,8 +274,8 @@ class ContextRecord:
         self.spans.append(TextSpan(text, role, self._name()))
 
     def reply(self, core_id: int, epoch: int, instructions: str,
-              tools: tuple[dict[str, Any], ...]) -> None:
-        self.spans.append(ReplySpan(core_id, epoch, instructions, tuple(tools)))
+              tools: tuple[dict[str, Any], ...], speed: Fraction = Fraction(1)) -> None:
+        self.spans.append(ReplySpan(core_id, epoch, instructions, tuple(tools), speed=speed))
 
     def tokens(self, epoch: int, ids: tuple[int, ...], media_start: int | None,
                place: int) -> None:

@@ -20,6 +20,7 @@ from duplex.media import Resampler
 from duplex.media.echo import EchoGuard
 from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
+from duplex.media.tempo import Piece, ReplyTempo
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.pacing import OutputPacer
@@ -86,6 +87,10 @@ class MediaClock:
         """The least (clock - input received) seen: input that came in that early was captured
         when the clock read its end plus this, whatever the delay of the frames since."""
         self._from_model = Resampler(model_output_rate, rate)
+        self.tempo = ReplyTempo(rate)
+        """The reply's speed (audio.output.speed), applied as its audio reaches the session
+        clock: every count from there on (output samples, marks, truncation, the heard
+        watermark, the echo guard's reference) is in the listener's time."""
         self.gate = InputGate(rate, model_input_rate)
         """Holds input back from the model until a turn's speech starts (its owner turns it on
         where speech is detected and turns are taken)."""
@@ -185,6 +190,16 @@ class MediaClock:
         self._from_model = Resampler(self.model_output_rate, self.rate)
         return tail
 
+    def reply_pieces(self, pcm: np.ndarray, text: str) -> list[Piece]:
+        """Model output and its text onto the session clock at the reply's speed: the audio
+        in pieces, each with the text that starts with it."""
+        return self.tempo.process(self.reply_audio(pcm), text)
+
+    def reply_end(self) -> list[Piece]:
+        """The rest of the reply once the model is done: the resampler's tail, then what the
+        tempo filter still holds."""
+        return self.tempo.finish(self.reply_tail())
+
     def due(self, now: int) -> list[tuple[ev.OutputChunk, Any]]:
         """Advance the clock to `now`; the chunks due for release, each recorded as delivered."""
         if now > self.core.now_sample:
@@ -205,6 +220,7 @@ class MediaClock:
         if isinstance(event, ev.Flush):
             self.pacer.flush()
             self._from_model = Resampler(self.model_output_rate, self.rate)
+            self.tempo.reset()
         return []
 
     def settle(self) -> None:

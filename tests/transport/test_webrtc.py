@@ -77,17 +77,24 @@ class Caller:
 
         self.tasks.append(asyncio.create_task(read()))
 
-    async def connect(self, base_url: str) -> httpx.Response:
+    async def connect(self, base_url: str, key: str | None = None) -> httpx.Response:
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"Content-Type": "application/sdp"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
         async with httpx.AsyncClient() as client:
             answer = await client.post(
                 f"{base_url}/v1/realtime/calls",
                 content=self.pc.localDescription.sdp,
-                headers={"Content-Type": "application/sdp"},
+                headers=headers,
             )
         assert answer.status_code == 201, answer.text
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
         return answer
+
+    def send(self, event: dict) -> None:
+        """A client event on the data channel."""
+        self.channel.send(json.dumps(event))
 
     def types(self):
         return [e["type"] for _, e in self.events]

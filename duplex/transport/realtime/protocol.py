@@ -228,6 +228,13 @@ class RealtimeProtocol:
         self.duplex.sync(out, self.turn_detection)
         return out
 
+    def attached(self) -> dict[str, Any]:
+        """session.created for a sideband attaching now: the session as it stands, without the
+        resume token (the carrier's alone)."""
+        out: list[Effect] = []
+        self._emit(out, "session.created", session=self.session_object())
+        return out[0].event
+
     def _instruct(self, out: list[Effect]) -> None:
         """Tell the engine the session's instructions and tools when they change, so the
         model can place its system turn before any input (see `DuplexModel.instruct`)."""

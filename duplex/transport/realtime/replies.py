@@ -67,6 +67,8 @@ class Replies:
             part = {"type": "text", "text": ""}
         self.active = r = ActiveResponse(new_id("resp"), started.response_id, started.epoch,
                                          item, settings)
+        # A duplex model's frames keep its own clock: they play as they come.
+        self.clock.tempo.start(settings.speed if commit else 1.0)
         emit = self.events.emit
         emit(out, "response.created", response=self._wire("in_progress"))
         if settings.conversation != "none":
@@ -122,15 +124,16 @@ class Replies:
         r = self.active
         if r is None or epoch != r.epoch:
             return
-        self._produced(epoch, self.clock.reply_audio(pcm), text)
+        for audio, piece in self.clock.reply_pieces(pcm, text):
+            self._produced(epoch, audio, piece)
 
     def on_finished(self, epoch: int, reason: str, usage: dict | None = None) -> None:
         r = self.active
         if r is not None and epoch == r.epoch:
             r.usage = usage
-            tail = self.clock.reply_tail()
-            if len(tail):
-                self._produced(epoch, tail, "")
+            for audio, piece in self.clock.reply_end():
+                if len(audio) or piece:
+                    self._produced(epoch, audio, piece)
             r.engine_done = True
             r.finish_reason = reason
 

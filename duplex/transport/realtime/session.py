@@ -254,7 +254,7 @@ class RealtimeSession(SessionLoop):
             c.instruct(effect.instructions, effect.tools)
         elif isinstance(effect, EngineCommit) and self.protocol.response is not None:
             c.reply(self.protocol.response.core_id, effect.epoch, effect.spec.instructions,
-                    effect.spec.tools)
+                    effect.spec.tools, self.protocol.clock.tempo.speed)
         elif isinstance(effect, EngineClearInput):
             c.clear_input()
         elif isinstance(effect, EngineMark):

@@ -425,6 +425,9 @@ class ResponseSettings:
     follow_up: int = 0
     """Replies the server asked for in a row after MCP calls, this one included (0: asked
     for by the client or its turn)."""
+    speed: float = 1.0
+    """The session's audio.output.speed, as the reply started (OpenAI: it changes between
+    replies, never during one)."""
 
     @property
     def audio(self) -> bool:
@@ -448,7 +451,7 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
         output_modalities=s.output_modalities, output_format=s.output_format, voice=s.voice,
         instructions=s.instructions, tools=s.tools, tool_choice=s.tool_choice,
         temperature=s.temperature, max_output_tokens=s.max_output_tokens,
-        truncation=s.truncation,
+        truncation=s.truncation, speed=s.speed,
     )
     if not params:
         return base
