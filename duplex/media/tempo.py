@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
-import av
-import av.filter
 import numpy as np
 
 _ATEMPO_MIN = Fraction(1, 2)
@@ -42,6 +40,12 @@ class Tempo:
     """Float32 mono at `rate`, chunk by chunk, at `speed` (not 1)."""
 
     def __init__(self, rate: int, speed: Fraction) -> None:
+        # PyAV is a transport's package, absent where only the engine and bench run (a GPU
+        # host): only a reply at a speed other than 1 needs it.
+        import av
+        import av.filter
+
+        self._av = av
         self.rate = rate
         self._graph = av.filter.Graph()
         time_base = Fraction(1, rate)
@@ -60,7 +64,7 @@ class Tempo:
 
     def process(self, pcm: np.ndarray) -> np.ndarray:
         if len(pcm):
-            frame = av.AudioFrame.from_ndarray(
+            frame = self._av.AudioFrame.from_ndarray(
                 np.ascontiguousarray(pcm, np.float32).reshape(1, -1), format="flt",
                 layout="mono")
             frame.sample_rate, frame.pts, frame.time_base = self.rate, self._pts, self._time_base
@@ -78,7 +82,7 @@ class Tempo:
         while True:
             try:
                 frame = self._graph.pull()
-            except (av.BlockingIOError, av.EOFError):
+            except (self._av.BlockingIOError, self._av.EOFError):
                 break
             out.append(frame.to_ndarray().reshape(-1))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
