@@ -201,7 +201,7 @@ class Qwen3OmniAdapter(DuplexModel):
         kv_memory: float = 0.0,
     ) -> Qwen3OmniAdapter:
         """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults.
-        `cuda_graphs`: the code predictor's per-frame loop as CUDA graphs, on a CUDA device.
+        `cuda_graphs`: the decode steps and the code predictor as CUDA graphs, on a CUDA device.
         `kv_memory`: the KV pools' budget (see `__init__`)."""
         model = load(path, device, dtype)
         options = options or Qwen3OmniOptions(**load_options(path))
