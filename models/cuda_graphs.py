@@ -163,6 +163,7 @@ class BucketGraphs:
             log.warning("%s CUDA graph capture failed (batch %d), eager from now: %s",
                         self.name, size, exc)
             self._graphs.clear()
+            self._static.clear()
             self.failed = True
             return False
         self._static[size] = static

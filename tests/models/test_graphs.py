@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.cuda_graphs import BUCKETS, GraphSettings, bucket, capture_plan, graph_settings
+from models.cuda_graphs import (
+    BUCKETS,
+    BucketGraphs,
+    GraphSettings,
+    bucket,
+    capture_plan,
+    graph_settings,
+)
 from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions, Sampling
 from models.qwen3_omni.graphs import (
     GraphedResidual,
@@ -262,3 +269,17 @@ def _session(temperature: float | None = None) -> SimpleNamespace:
     """What the code predictor reads of a session: its reply's temperature (None: the
     checkpoint's own sampling applies; 0: greedy) and its stream."""
     return SimpleNamespace(temperature=temperature, talker_gen=Stream(0))
+
+
+def test_steps_whose_experts_cannot_be_captured_are_not_tried(adapter, monkeypatch):
+    """transformers' eager experts loop with a host sync per expert: a capture of the Thinker's
+    steps would fail on it, so the start does not try, and says why."""
+    made: list[int] = []
+    runner = BucketGraphs("Thinker decode", lambda batch: made.append(batch), capture=True)
+    monkeypatch.setattr(adapter._thinker, "graphs", runner)
+    monkeypatch.setattr(adapter, "experts", {"talker": "grouped_mm", "thinker": "eager"})
+    report = adapter.warm_up(8)
+    assert report["thinker_graphs"] == [] and made == []
+    assert "thinker decode steps not captured: its experts are not on grouped_mm" in \
+        report["warnings"]
+    assert not runner.holds(1)
