@@ -17,7 +17,8 @@ and what attention reads, in shapes that never depend on a row's length:
 
 Rows past the batch are padding: an empty table (all the trash block) and length 0, so each
 writes its one position into the trash block and reads it back (the block's index is 0 for
-them alone: a real row's table never lists it), and its output is never read. The host's part
+them alone: a real row's table never lists it), and its output is never read. A padding row
+never attends to nothing: kernels answer a fully masked row differently (zeros or NaN). The host's part
 of a step (owner checks, taking blocks, copying a shared block before it is written into,
 sending the tables) is the pool's `plan`, run before the buffers are loaded; its `commit` after.
 """
