@@ -63,8 +63,9 @@ class EngineSettings(_Section):
     the server can no longer use the engine's idle time. Off, the OS places both; ignored where
     there is a core or fewer to split."""
     cuda_graphs: bool = False
-    """Replay the fixed-shape decode steps (Qwen3-Omni's code predictor) as CUDA graphs; only
-    on a CUDA device, ignored on the CPU."""
+    """Replay the fixed-shape steps (Qwen3-Omni's Thinker and Talker decode steps, its code
+    predictor's frames) as CUDA graphs captured at start, one per batch bucket; only on a CUDA
+    device, ignored on the CPU."""
     kv_memory: float = Field(0.0, ge=0)
     """The paged KV pools' budget: bytes (above 1), or a fraction (1 or less) of the memory
     free once the weights are loaded; 0: 0.8 of it on CUDA, on the CPU 64 sessions at full

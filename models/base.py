@@ -237,6 +237,12 @@ class DuplexModel(ABC):
         """Its paged KV pools, by stage; none for a model whose KV is not paged."""
         return {}
 
+    def graph_stats(self) -> dict[str, dict[str, int]]:
+        """Per stage with fixed-shape steps, how many ran since the start by how they ran:
+        "replays" (a CUDA graph captured at `warm_up`), "static" (its fixed buffers without a
+        graph), "eager"; none for a model that has no such steps."""
+        return {}
+
     @abstractmethod
     def encode_audio(self, states: list[ModelState], chunks: list[np.ndarray]) -> list[Any]:
         """Float32 mono chunks of `input_chunk_samples` at `input_rate` -> feature payloads."""

@@ -103,19 +103,38 @@ def block_mask(pool, meta) -> BlockMask:
     """The BlockMask of a forward over the pool: query block i of row b visits the blocks of
     its row that hold a position before its last query (or the row's end), those entirely
     before its first query as full blocks (no mask inside), the rest under `mask_mod`."""
+    kv_end = meta.start + meta.new
+    return make_block_mask(pool, meta.q, block_tensors(pool, meta.table, meta.start, kv_end,
+                                                       meta.q),
+                           paged_mask_mod(pool, pool.logical_index(), meta.table, meta.start,
+                                          kv_end))
+
+
+def block_tensors(pool, table: torch.Tensor, start: torch.Tensor, kv_end: torch.Tensor,
+                  q: int) -> tuple[torch.Tensor, ...]:
+    """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) of rows whose block
+    tables are `table` (B, max_blocks), holding `start` positions before this forward and
+    `kv_end` after it, `q` queries each: device ops on fixed shapes only (the shapes depend
+    on B and q, never on a row's length), so a CUDA graph can hold them."""
     bs, device, width = pool.block_size, pool.device, pool.max_blocks
-    start, kv_end = meta.start, meta.start + meta.new
-    n_q = -(-meta.q // Q_BLOCK)
+    n_q = -(-q // Q_BLOCK)
     first = start[:, None] + torch.arange(n_q, device=device) * Q_BLOCK
     reach = torch.minimum(first + Q_BLOCK, kv_end[:, None])
     total = -(-reach // bs)
     full = torch.minimum(torch.minimum((first + 1) // bs, kv_end[:, None] // bs), total)
     cols = torch.arange(width, device=device)
-    table = meta.table[:, None].expand(-1, n_q, -1)
-    partial = meta.table.gather(1, (full[:, :, None] + cols).clamp(max=width - 1).flatten(1))
+    whole = table[:, None].expand(-1, n_q, -1)
+    partial = table.gather(1, (full[:, :, None] + cols).clamp(max=width - 1).flatten(1))
     partial = partial.view(-1, n_q, width)
-    logical = pool.logical_index()
-    rows = meta.table
+    return ((total - full)[:, None].to(torch.int32), partial[:, None].to(torch.int32),
+            full[:, None].to(torch.int32), whole[:, None].to(torch.int32))
+
+
+def paged_mask_mod(pool, logical: torch.Tensor, rows: torch.Tensor, start: torch.Tensor,
+                   kv_end: torch.Tensor):
+    """The mask inside the blocks a row visits: its own positions, up to its query's (causal)
+    and its end. `logical` says each block's index in the slots that hold it."""
+    bs, width = pool.block_size, pool.max_blocks
 
     def mask_mod(b, h, q_idx, kv_idx):
         block = kv_idx // bs
@@ -125,12 +144,15 @@ def block_mask(pool, meta) -> BlockMask:
         pos = index * bs + kv_idx % bs
         return own & (pos < kv_end[b]) & (pos <= start[b] + q_idx)
 
-    return BlockMask.from_kv_blocks(
-        (total - full)[:, None].to(torch.int32), partial[:, None].to(torch.int32),
-        full[:, None].to(torch.int32), table[:, None].to(torch.int32),
-        BLOCK_SIZE=(Q_BLOCK, bs), mask_mod=mask_mod,
-        seq_lengths=(meta.q, pool.keys.shape[2]), compute_q_blocks=False,
-    )
+    return mask_mod
+
+
+def make_block_mask(pool, q: int, tensors: tuple[torch.Tensor, ...], mask_mod) -> BlockMask:
+    """A BlockMask over the whole pool from `block_tensors` (no device work: it only holds
+    them, so one made over fixed buffers serves every forward that refills them)."""
+    return BlockMask.from_kv_blocks(*tensors, BLOCK_SIZE=(Q_BLOCK, pool.block_size),
+                                    mask_mod=mask_mod, seq_lengths=(q, pool.keys.shape[2]),
+                                    compute_q_blocks=False)
 
 
 def flex_works(pool) -> bool:

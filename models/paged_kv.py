@@ -370,8 +370,10 @@ class PagedKV:
             self._logical_sent = self._logical_version
         return self._logical_dev
 
-    def bind(self, slots: list[int], owners: list[str], new: list[int]) -> BoundKV:
-        """Prepare one forward: row b appends `new[b]` positions to slot `slots[b]`."""
+    def plan(self, slots: list[int], owners: list[str], new: list[int]) -> Meta:
+        """The host's part of one forward in which row b appends `new[b]` positions to slot
+        `slots[b]`: owners checked, blocks taken (a shared block a row writes into copied
+        first, here, before any kernel of the forward), the rows' metadata sent."""
         for slot, owner in zip(slots, owners, strict=True):
             self.check(slot, owner)
         for slot, n in zip(slots, new, strict=True):
@@ -389,18 +391,37 @@ class PagedKV:
         view[batch * width : batch * (width + 1)] = starts
         view[batch * (width + 1) : batch * (width + 2)] = new
         sent = staging.send(i, batch * (width + 2))
-        meta = _Meta(
+        return Meta(
             table=sent[: batch * width].view(batch, width),
             start=sent[batch * width : batch * (width + 1)],
             new=sent[batch * (width + 1) :],
             q=max(new),
             kv_len=max(s + n for s, n in zip(starts, new, strict=True)),
         )
-        return BoundKV(self, slots, new, meta)
+
+    def bind(self, slots: list[int], owners: list[str], new: list[int]) -> BoundKV:
+        """Prepare one forward (`plan`) and the `cache=` object it runs with."""
+        return BoundKV(self, slots, new, self.plan(slots, owners, new))
+
+    def commit(self, slots: list[int], new: list[int]) -> None:
+        """A planned forward ran: each slot holds its new positions."""
+        for slot, n in zip(slots, new, strict=True):
+            self.length[slot] += n
+
+    def write_addresses(self, meta: Meta) -> torch.Tensor:
+        """(B * q,) where each row's new positions go on the positions axis, derived on the
+        device; padding goes to the trash block, one address per column so no two rows of a
+        column collide."""
+        bs = self.block_size
+        t = torch.arange(meta.q, device=self.device)
+        pos = meta.start[:, None] + t
+        real = t[None] < meta.new[:, None]
+        block = meta.table.gather(1, (pos // bs).clamp(max=self.max_blocks - 1))
+        return torch.where(real, block * bs + pos % bs, self._trash[t % bs]).flatten()
 
 
 @dataclass(frozen=True)
-class _Meta:
+class Meta:
     """A forward's rows on the device: block tables (B, max_blocks), start and new lengths
     (B,); and on the host the longest query and key extents."""
 
@@ -411,22 +432,14 @@ class _Meta:
     kv_len: int
 
 
-class BoundKV:
-    """The `cache=` object of one forward: writes each row's new keys and values into its
-    blocks and gives attention the pool to read (`models.paged_attention`)."""
+class PagedCache:
+    """What a forward's `cache=` object does with the pool: every layer's update writes the
+    rows' new keys and values at `write` and hands attention what it reads: the whole pool
+    (FlexAttention, `read` None) or the positions `read` lists (the gather)."""
 
-    def __init__(self, pool: PagedKV, slots: list[int], new: list[int], meta: _Meta) -> None:
-        from models.paged_attention import attention_inputs
-
-        self.pool, self.slots, self.new, self.meta = pool, slots, new, meta
-        bs = pool.block_size
-        t = torch.arange(meta.q, device=pool.device)
-        pos = meta.start[:, None] + t
-        real = t[None] < meta.new[:, None]
-        block = meta.table.gather(1, (pos // bs).clamp(max=pool.max_blocks - 1))
-        # Padding goes to the trash block, one address per column so no two rows collide.
-        self.write = torch.where(real, block * bs + pos % bs, pool._trash[t % bs]).flatten()
-        self.read, self.mask = attention_inputs(pool, meta)
+    pool: PagedKV
+    write: torch.Tensor
+    read: torch.Tensor | None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key, value (B, kv_heads, q, head_dim) -> what attention reads for this layer."""
@@ -440,9 +453,19 @@ class BoundKV:
         # (kv_heads, B, kv_len, head_dim) -> (B, kv_heads, kv_len, head_dim)
         return keys[:, self.read].transpose(0, 1), values[:, self.read].transpose(0, 1)
 
+
+class BoundKV(PagedCache):
+    """The `cache=` object of one planned forward (`PagedKV.bind`)."""
+
+    def __init__(self, pool: PagedKV, slots: list[int], new: list[int], meta: Meta) -> None:
+        from models.paged_attention import attention_inputs
+
+        self.pool, self.slots, self.new, self.meta = pool, slots, new, meta
+        self.write = pool.write_addresses(meta)
+        self.read, self.mask = attention_inputs(pool, meta)
+
     def commit(self) -> None:
-        for slot, n in zip(self.slots, self.new, strict=True):
-            self.pool.length[slot] += n
+        self.pool.commit(self.slots, self.new)
 
 
 def session_bytes(position_bytes: tuple[int, ...], positions: tuple[int, ...],

@@ -150,6 +150,11 @@ def test_the_check_runs_on_a_host_holding_only_the_image_and_the_wheels(
     assert fig["greedy tokens batched = alone (B=4, share of 2 steps)"] == 1.0
     assert fig["greedy frames batched = alone (B=4, share of 2 steps)"] == 1.0
     assert fig["sampled frame graphed = eager (B=8, share of codes)"] == "needs CUDA"
+    # Nothing is captured on the CPU: the graphs' fixed buffers ran, and changed nothing.
+    ran = fig["decode steps run as static (thinker, talker, code predictor)"]
+    assert all(int(n) > 0 for n in ran.split(", ")), ran
+    assert fig["greedy tokens graphed = eager (B=4, share of 2 steps)"] == 1.0
+    assert fig["greedy frames graphed = eager (B=4, share of 2 steps)"] == 1.0
 
     stages = phase(out, "stages")["figures"]
     for batch in (2,):
@@ -158,6 +163,12 @@ def test_the_check_runs_on_a_host_holding_only_the_image_and_the_wheels(
             assert stages[f"B={batch} {stage} wall ms"] > 0
         # Each step reads its sampled tokens on the host at least once.
         assert stages[f"B={batch} thinker_decode syncs (dispatch count)"] >= 1
+        # The timed decode steps (one, and one counted) ran from the buckets the start made.
+        for stage in ("thinker", "talker", "code_predictor"):
+            assert stages[f"B={batch} {stage} steps ran as"] == "static 2"
+    for stage in ("thinker", "talker", "code_predictor"):
+        assert stages[f"{stage} buckets"] == "1, 2"
+        assert stages[f"{stage} step eager ms (B=2)"] > 0
 
     bench = phase(out, "bench")["figures"]
     assert "batched N=1" in bench

@@ -384,6 +384,8 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                     maxima[mode] = result["max_realtime_sessions"]
                 # The model's caches since the engine started (models.caches), measured apart.
                 result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
+                # The decode steps since the engine started, by how they ran (graph replays).
+                result["graphs"] = engine.graph_stats
                 if codec_ratio is None:
                     codec_ratio = engine.query(stream_vs_offline)
                 if kv_sessions and kv_mixed is None:
@@ -464,6 +466,12 @@ def _kv_cells(figures: dict | None) -> str:
     return " / ".join(f"{v:.1f}" for v in mb)
 
 
+def _steps_cells(paths: dict | None) -> str:
+    if not paths:
+        return "-"
+    return " / ".join(str(paths.get(p, 0)) for p in ("replays", "static", "eager"))
+
+
 def _mixed_label(report: dict) -> str:
     mixed = next(iter(report["modes"].values())).get("kv_mixed")
     if not mixed:
@@ -521,6 +529,9 @@ def table(report: dict) -> str:
             lambda m, st=kv_stage: _kv_cells(m["kv"].get(st)))
         row(f"kv {kv_stage} at {_mixed_label(report)}: paged / slots / needed MiB",
             lambda m, st=kv_stage: _kv_cells((m["kv_mixed"] or {}).get("kv", {}).get(st)))
+    for stage in sorted({s for m in report["modes"].values() for s in m.get("graphs", {})}):
+        row(f"{stage} steps: replays / static / eager",
+            lambda m, st=stage: _steps_cells(m.get("graphs", {}).get(st)))
     stages = sorted({s for m in report["modes"].values() for s in m["stages"]})
     for st in stages:
         row(f"{st}: compute ms p50/p95", lambda m, st=st: pq(m["stages"][st]["compute_ms"]) if st in m["stages"] else "-")

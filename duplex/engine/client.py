@@ -135,6 +135,9 @@ class EngineClient(ABC):
         """The model's cache counters as of the core's last report."""
         self.kv_stats: dict[str, KVStats] = {}
         """The model's paged KV pools as of the core's last report."""
+        self.graph_stats: dict[str, dict[str, int]] = {}
+        """The model's decode steps by how they ran (graph replays, eager), as of the core's
+        last report."""
         self._core_sessions = 0
         self.duplex_tick: TickCost | None = None
         self._duplex: set[str] = set()
@@ -364,6 +367,7 @@ class EngineClient(ABC):
             self.stats.busy_cpu_s = output.busy_cpu_s
             self.cache_stats = output.caches
             self.kv_stats, self._core_sessions = output.kv, output.sessions
+            self.graph_stats = output.graphs
             self.duplex_tick = output.duplex_tick
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)

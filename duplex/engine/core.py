@@ -171,7 +171,7 @@ class EngineCore:
                            self.load, self.stats.busy_s, self.stats.steps, alive,
                            self.model.cache_stats(), lockstep.cost() if lockstep else None,
                            busy_cpu_s=self.stats.busy_cpu_s, kv=self.model.kv_stats(),
-                           sessions=len(self._states)))
+                           sessions=len(self._states), graphs=self.model.graph_stats()))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and

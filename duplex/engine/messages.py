@@ -165,6 +165,9 @@ class Report:
     """The model's paged KV pools by stage (`DuplexModel.kv_stats`)."""
     sessions: int = 0
     """Sessions the core holds: those a caller opened since are not in `kv` yet."""
+    graphs: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The model's fixed-shape steps since it started, by stage and how they ran
+    (`DuplexModel.graph_stats`: CUDA graph replays, fixed buffers, eager)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,10 @@ def twin(source, dtype: torch.dtype):
 
 
 def adapter(built, profile: Profile, options: Qwen3OmniOptions,
-            cuda_graphs: bool = False) -> Qwen3OmniAdapter:
+            graphs: bool = False) -> Qwen3OmniAdapter:
+    """`graphs`: the decode steps' and code predictor's CUDA graphs on a GPU, captured at
+    `warm_up`; on the CPU the fixed buffers they would hold, without a graph."""
     dtype = str(next(built.parameters()).dtype).removeprefix("torch.")
     return Qwen3OmniAdapter(built, tiny_tokenizer(), preprocessor_config(built.config),
-                            profile.device, dtype, options, cuda_graphs=cuda_graphs)
+                            profile.device, dtype, options, cuda_graphs=graphs,
+                            static_steps=graphs)

@@ -9,9 +9,11 @@ copied to bf16, so both hold the same weights:
   tokens and codec frames, up to the first difference. bf16 MoE routing may flip near-tied
   experts between batch sizes (GPU.md 9), so this is a figure, not a pass.
 - Code2Wav bf16 against fp32: SNR of the waveform from the same codes.
-- The code predictor as CUDA graphs against eager: a greedy reply's frames through the adapter
-  with and without graphs, and one sampled frame of the captured graph against the same loop
-  run eagerly on the same noise (GPU only: elsewhere there is no graph).
+- CUDA graphs against eager: greedy replies of four sessions (a bucket of four, its graphs
+  captured at the adapter's warm-up) through the Thinker's and Talker's decode graphs and the
+  code predictor's, against the same replies on the eager path (on the CPU, the graphs' fixed
+  buffers without a capture); and one sampled frame of the code predictor's captured graph
+  against the same loop run eagerly on the same noise (GPU only).
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import torch
 import torch.nn.functional as F
 
 from duplex.gpucheck import build
+from duplex.gpucheck.measure import is_cuda
 from duplex.gpucheck.profile import Profile
 from duplex.gpucheck.record import PhaseRecord
 from models.base import TextTurn
+from models.cuda_graphs import graph_settings
 from models.qwen3_omni.adapter import Qwen3OmniOptions, Sampling
 from models.qwen3_omni.codec import offline_decode
 from models.qwen3_omni.compat import thinker_parts
 from models.qwen3_omni.graphs import StaticResidual, residual_graphs
-from models.qwen3_omni.options import Stream
+from models.qwen3_omni.options import Stream, counters
 
 PROMPTS = (
     "hello there",
@@ -142,15 +146,26 @@ def batched_vs_alone(record: PhaseRecord, profile: Profile, low) -> None:
 
 
 def graph_vs_eager(record: PhaseRecord, profile: Profile, low) -> None:
-    steps = profile.reply_steps
-    replies = {
-        graphs: _reply(build.adapter(low, profile, greedy(steps), cuda_graphs=graphs),
-                       ["graph"], [PROMPTS[1]], steps)[1][0]
-        for graphs in (True, False)
-    }
-    record.set("code predictor graphed", profile.device == "cuda")
-    record.set(f"greedy frames graphed = eager (share of {steps} steps)",
-               round(_agreeing(replies[True], replies[False]), 3))
+    steps, batch = profile.reply_steps, len(PROMPTS)
+    sids = [f"graph-{i}" for i in range(batch)]
+    replies, stats = {}, {}
+    for graphs in (True, False):
+        adapter = build.adapter(low, profile, greedy(steps), graphs=graphs)
+        adapter.warm_up(batch)
+        replies[graphs] = _reply(adapter, sids, list(PROMPTS), steps)
+        stats[graphs] = adapter.graph_stats()
+    # On the CPU nothing is captured: the graphed side runs the graphs' fixed buffers.
+    how = "replays" if is_cuda(profile.device) else "static"
+    record.set(f"decode steps run as {how} (thinker, talker, code predictor)",
+               ", ".join(str(stats[True][stage][how])
+                         for stage in ("thinker", "talker", "code_predictor")))
+    (tokens, frames), (eager_tokens, eager_frames) = replies[True], replies[False]
+    record.set(f"greedy tokens graphed = eager (B={batch}, share of {steps} steps)",
+               round(sum(_agreeing(t, e) for t, e in zip(tokens, eager_tokens, strict=True))
+                     / batch, 3))
+    record.set(f"greedy frames graphed = eager (B={batch}, share of {steps} steps)",
+               round(sum(_agreeing(f, e) for f, e in zip(frames, eager_frames, strict=True))
+                     / batch, 3))
 
 
 @torch.inference_mode()
@@ -159,20 +174,25 @@ def graph_vs_static(record: PhaseRecord, profile: Profile, low) -> None:
     predictor, embed = talker.code_predictor, talker.get_input_embeddings()
     codes = low.config.talker_config.num_code_groups
     sampling = Qwen3OmniOptions().residual_sampling
-    runner = residual_graphs(predictor, embed, codes, sampling, profile.device, torch.bfloat16,
-                             enabled=True)
+    dtype = next(predictor.parameters()).dtype
+    runner = residual_graphs(predictor, embed, codes, sampling, profile.device, dtype,
+                             graph_settings(True, False, profile.device))
     figure = "sampled frame graphed = eager (B=8, share of codes)"
     if runner is None:
         record.set(figure, "needs CUDA")
         return
+    if not runner.warm_up(8):
+        raise RuntimeError("the CUDA graph capture failed (see the log)")
     rng = torch.Generator().manual_seed(2)
     hidden = torch.randn(8, predictor.config.hidden_size, generator=rng)
-    hidden = hidden.to(profile.device, torch.bfloat16)
+    hidden = hidden.to(profile.device, dtype)
     first = torch.randint(0, predictor.config.vocab_size, (8,), generator=rng).to(profile.device)
-    graphed = runner(hidden, first, [Stream(i) for i in range(8)])
-    if graphed is None:
-        raise RuntimeError("the CUDA graph capture failed (see the log)")
-    eager = StaticResidual(predictor, embed, codes, 8, sampling, profile.device, torch.bfloat16)
-    eager.load(hidden, first, [Stream(i) for i in range(8)])
+    counts = counters([Stream(i) for i in range(8)], profile.device)
+    greedy_rows = torch.zeros(8, dtype=torch.bool, device=profile.device)
+    graphed, how = runner(hidden, first, counts, greedy_rows)
+    if how != "replays":
+        raise RuntimeError(f"the frame ran {how}, not from a captured graph")
+    eager = StaticResidual(predictor, embed, codes, 8, sampling, profile.device, dtype)
+    eager.load(hidden, first, counts, greedy_rows)
     eager.run()
     record.set(figure, round(float((graphed == eager.codes).float().mean()), 4))

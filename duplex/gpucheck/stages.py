@@ -1,12 +1,19 @@
 """Phase 3: what each stage call costs at batch 1 to 128, Qwen3-Omni-30B-A3B's shape at full
 depth (the tiny model on the CPU), through the adapter the engine serves.
 
-Per batch size: that many sessions each take a second of audio per prefill, then open a reply
-and step it: encode_audio, thinker_prefill, thinker_decode, talker_step and codec_decode, each
-timed `repeats` times (the medians are the figures), then once more counting what made the
-host wait for the device. A reply's first step (the Talker's prefill and, on a GPU, the capture
-of the code predictor's graph for that batch's bucket) is not timed. Memory: the weights, what
-a session holds at that point (its KV rows and codec state), and the peak.
+First the CUDA graphs, as the engine's start captures them (`warm_up`): the Thinker's and
+Talker's decode steps and the code predictor's frame, every bucket up to the largest batch,
+largest first, each bucket's capture time and the memory they took; then, per bucket, one step
+replayed against the same step launched kernel by kernel from the same buffers (all rows
+padding, a context of one position: the host's cost, not attention's). On the CPU nothing is
+captured: the buffers run without a graph and only that time is given.
+
+Then per batch size: that many sessions each take a second of audio per prefill, then open a
+reply and step it: encode_audio, thinker_prefill, thinker_decode, talker_step and codec_decode,
+each timed `repeats` times (the medians are the figures), then once more counting what made the
+host wait for the device. Decode steps replay the graphs captured above (their count is a
+figure). A reply's first step (the Talker's prefill) is not timed. Memory: the weights, what a
+session holds at that point (its KV rows and codec state), and the peak.
 """
 
 from __future__ import annotations
@@ -32,8 +39,6 @@ from duplex.gpucheck.profile import Profile
 from duplex.gpucheck.record import PhaseRecord
 from models.qwen3_omni.adapter import Qwen3OmniOptions
 from models.qwen3_omni.compat import thinker_parts
-from models.qwen3_omni.graphs import BUCKETS, residual_graphs
-from models.qwen3_omni.options import Stream
 
 STAGES = ("encode_audio", "thinker_prefill", "thinker_decode", "talker_step", "codec_decode")
 
@@ -53,40 +58,41 @@ def run(profile: Profile, record: PhaseRecord) -> None:
     text = thinker_parts(model).text
     record.set("thinker experts implementation",
                str(getattr(text.config, "_experts_implementation", "unknown")))
-    record.attempt("graph capture", lambda: capture(record, profile, model))
-    adapter = build.adapter(model, profile, REPLY, cuda_graphs=True)
+    adapter = build.adapter(model, profile, REPLY, graphs=True)
     clock = Clock(device)
+    record.attempt("graphs", lambda: graphs(record, profile, adapter, clock))
     for batch in profile.batches:
         record.attempt(f"B={batch}", lambda batch=batch: one_batch(record, profile, adapter,
                                                                    clock, batch))
 
 
 @torch.inference_mode()
-def capture(record: PhaseRecord, profile: Profile, model) -> None:
-    """The code predictor's graph for every bucket, captured apart from the adapter's: the
-    first call captures and replays, the second replays."""
-    talker, device = model.talker, profile.device
-    predictor = talker.code_predictor
-    dtype = next(predictor.parameters()).dtype
-    runner = residual_graphs(predictor, talker.get_input_embeddings(),
-                             model.config.talker_config.num_code_groups,
-                             Qwen3OmniOptions().residual_sampling, device, dtype, enabled=True)
-    if runner is None:
-        record.set("graph capture", "needs CUDA")
-        return
-    clock = Clock(device)
-    for size in BUCKETS:
-        hidden = torch.randn(size, predictor.config.hidden_size, device=device, dtype=dtype)
-        first = torch.randint(0, predictor.config.vocab_size, (size,), device=device)
-        first_call, replay = Timings(), Timings()
-        call = partial(runner, hidden, first, [Stream(i) for i in range(size)])
-        for timings in (first_call, replay):
-            codes = clock.time(call, timings)
-            if codes is None:
-                raise RuntimeError(f"capture failed at batch {size} (see the log)")
-        record.set(f"graph capture + first replay ms (B={size})",
-                   round(first_call.wall_ms[0], 1))
-        record.set(f"graph replay ms (B={size})", round(replay.wall_ms[0], 3))
+def graphs(record: PhaseRecord, profile: Profile, adapter, clock: Clock) -> None:
+    """Capture as the engine's start does; then per bucket a step replayed against the same
+    step launched from its buffers without the graph."""
+    started = time.perf_counter()
+    report = adapter.warm_up(max(profile.batches))
+    record.set("graphs warm-up s", round(time.perf_counter() - started, 2))
+    record.set("graph memory MiB", report.get("graph_memory_mib", "needs CUDA"))
+    for warning in report["warnings"]:
+        record.set("graphs warning", warning)
+    for name, runner in adapter.graph_runners().items():
+        record.set(f"{name} buckets", ", ".join(map(str, runner.ready)) or "none")
+        record.update({f"{name} graph capture ms (B={size})": ms
+                       for size, ms in sorted(runner.capture_ms.items())})
+        for size in runner.ready:
+            # No session has run yet: every row of the buffers is padding.
+            static = runner.static(size)
+            eager = Timings()
+            for _ in range(profile.repeats):
+                clock.time(static.run, eager)
+            figures = {f"{name} step eager ms (B={size})": eager.medians()["wall ms"]}
+            if runner.capture:
+                replay = Timings()
+                for _ in range(profile.repeats):
+                    clock.time(partial(runner.run, size), replay)
+                figures[f"{name} step replay ms (B={size})"] = replay.medians()["wall ms"]
+            record.update(figures)
 
 
 def one_batch(record: PhaseRecord, profile: Profile, adapter, clock: Clock, batch: int) -> None:
@@ -132,9 +138,14 @@ def one_batch(record: PhaseRecord, profile: Profile, adapter, clock: Clock, batc
     for state in states:
         adapter.begin_response(state)
     step(untimed)
+    before = adapter.graph_stats()
     for _ in range(profile.repeats):
         step(timed)
     step(counted)
+    after = adapter.graph_stats()
+    how = {stage: ", ".join(f"{path} {after[stage][path] - before[stage][path]}"
+                            for path in after[stage] if after[stage][path] > before[stage][path])
+           for stage in after}
     held = statistics.mean(adapter.bytes_held(state) for state in states)
     used = memory(device)
     for state in states:
@@ -148,5 +159,7 @@ def one_batch(record: PhaseRecord, profile: Profile, adapter, clock: Clock, batc
         if syncs[stage].warned is not None:
             figures[f"B={batch} {stage} syncs (sync debug mode)"] = syncs[stage].warned
     figures[f"B={batch} state MiB per session (KV rows, codec state)"] = round(held / 2**20, 3)
+    figures.update({f"B={batch} {stage} steps ran as": ran or "none"
+                    for stage, ran in how.items()})
     figures.update({f"B={batch} {name}": value for name, value in used.items()})
     record.update(figures)

@@ -101,6 +101,8 @@ class Metrics:
         self.registry.register(self.caches)
         self.kv = _KVCollector()
         self.registry.register(self.kv)
+        self.steps = _StepsCollector()
+        self.registry.register(self.steps)
 
     def count_refusal(self, limit: str) -> None:
         """A session refused at `limit` (the setting's name, `limits.sessions` ...)."""
@@ -124,6 +126,7 @@ class Metrics:
         self.bytes_held.set(engine.total_bytes_held())
         self.caches.stats = dict(engine.cache_stats)
         self.kv.stats = dict(getattr(engine, "kv_stats", {}))
+        self.steps.stats = dict(getattr(engine, "graph_stats", {}))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -171,3 +174,21 @@ class _KVCollector:
             for stage, stats in self.stats.items():
                 family.add_metric([stage], getattr(stats, field))
             yield family
+
+
+class _StepsCollector:
+    """`duplex_model_steps_total{stage,path}` from the engine's last report: the model's
+    fixed-shape steps (Thinker and Talker decode, the code predictor's frames) by how they ran:
+    replays (a CUDA graph captured at start), static (its buffers without a graph), eager. None
+    for a model without such steps."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, dict[str, int]] = {}
+
+    def collect(self):
+        family = CounterMetricFamily("duplex_model_steps", "Model steps by stage and by how they "
+                                     "ran (replays: a CUDA graph)", labels=["stage", "path"])
+        for stage, paths in self.stats.items():
+            for path, n in paths.items():
+                family.add_metric([stage, path], n)
+        yield family

@@ -37,6 +37,7 @@ from models.base import (
     ThinkerToken,
 )
 from models.caches import FEATURE, PREFIX, CacheBudgets, CacheStats
+from models.cuda_graphs import BucketGraphs, graph_settings
 from models.feature_cache import FeatureCache
 from models.fingerprint import fingerprint
 from models.kv import SlotOwnershipError
@@ -115,8 +116,13 @@ class Qwen3OmniAdapter(DuplexModel):
         cuda_graphs: bool = False,
         kv_memory: float = 0.0,
         kv_attention: str | None = None,
+        static_steps: bool = False,
     ) -> None:
         """Without caches of its own the adapter makes them with the default budgets.
+        `cuda_graphs`: on a CUDA device, the Thinker's and Talker's decode steps and the code
+        predictor's frames replay CUDA graphs captured at `warm_up` (`models.cuda_graphs`).
+        `static_steps`: they run from the fixed buffers such graphs hold, without capturing
+        (what the CPU tests check against the eager path).
         `kv_memory`: the KV pools' budget, bytes (> 1) or a fraction of the memory free after
         the weights (<= 1), 0 for the default (`kv_budget`). `kv_attention`: "flex" or
         "gather" (`models.paged_attention`); None for the device's own."""
@@ -170,13 +176,14 @@ class Qwen3OmniAdapter(DuplexModel):
             prefix=self.prefix_cache,
             memory=self._memory,
         )
+        graphs = graph_settings(cuda_graphs, static_steps, self.device)
         self._talker = Talker(
-            model, self._pools.talker, options, self.device, torch_dtype, cuda_graphs
+            model, self._pools.talker, options, self.device, torch_dtype, graphs
         )
         self._thinker = Thinker(
             model, tokenizer, self._pools.thinker, self._talker, options, self.device, torch_dtype,
             self.prefix_cache, fingerprint(parts.text, thinker_cfg.text_config, torch_dtype),
-            self._memory,
+            self._memory, graphs,
         )
         self.voices = self._talker.voices
         self.default_voice = options.speaker.lower()
@@ -194,7 +201,7 @@ class Qwen3OmniAdapter(DuplexModel):
         kv_memory: float = 0.0,
     ) -> Qwen3OmniAdapter:
         """Without `options`, the checkpoint's duplex_options.json (if any) over the defaults.
-        `cuda_graphs`: the code predictor's per-frame loop as CUDA graphs, on a CUDA device.
+        `cuda_graphs`: the decode steps and the code predictor as CUDA graphs, on a CUDA device.
         `kv_memory`: the KV pools' budget (see `__init__`)."""
         model = load(path, device, dtype)
         options = options or Qwen3OmniOptions(**load_options(path))
@@ -213,10 +220,12 @@ class Qwen3OmniAdapter(DuplexModel):
         )
 
     def warm_up(self, max_batch: int) -> dict[str, Any]:
-        """Capture the code predictor's graphs for every bucket up to `max_batch` (with
+        """Capture the graphs of the Thinker's and Talker's decode steps and of the code
+        predictor's frames for every bucket up to `max_batch`, largest first (with
         `cuda_graphs` on a CUDA device), and check the MoE experts' implementation: on a GPU,
         transformers' eager fallback loops over the experts with a host sync each (~50k
-        launches per Thinker step at batch 64, against a few with grouped_mm)."""
+        launches per Thinker step at batch 64, against a few with grouped_mm), and cannot be
+        captured."""
         report: dict[str, Any] = {"experts": self.experts, "warnings": []}
         slow = {part: impl for part, impl in self.experts.items() if impl != "grouped_mm"}
         if slow and self.device.startswith("cuda"):
@@ -225,12 +234,39 @@ class Qwen3OmniAdapter(DuplexModel):
                        "slower (transformers fell back, or experts_implementation was set)")
             log.warning(warning)
             report["warnings"].append(warning)
-        graphs = self._talker.graphs
-        if graphs is not None:
-            report["code_predictor_graphs"] = list(graphs.warm_up(max_batch))
-            if graphs.failed:
-                report["warnings"].append("code predictor CUDA graph capture failed: eager")
+        runners = self.graph_runners()
+        cuda = self.device.startswith("cuda")
+        reserved = torch.cuda.memory_reserved(self.device) if cuda and runners else 0
+        for name, runner in runners.items():
+            if runner.capture and name in slow:
+                # The eager experts' host syncs cannot be captured: eager, said once here.
+                report["warnings"].append(f"{name} decode steps not captured: its experts are "
+                                          "not on grouped_mm")
+                report[f"{name}_graphs"] = []
+                continue
+            report[f"{name}_graphs"] = list(runner.warm_up(max_batch))
+            if runner.capture_ms:
+                report.setdefault("graph_capture_ms", {})[name] = dict(runner.capture_ms)
+            if runner.failed:
+                report["warnings"].append(f"{name} CUDA graph capture failed: eager")
+        if cuda and runners:
+            torch.cuda.synchronize(self.device)
+            grown = torch.cuda.memory_reserved(self.device) - reserved
+            report["graph_memory_mib"] = round(grown / 2**20, 1)
         return report
+
+    def graph_runners(self) -> dict[str, BucketGraphs]:
+        """The fixed-buffer runners by stage (none without `cuda_graphs` on CUDA or
+        `static_steps`), in the order they capture: the largest graph first, so the others'
+        intermediates fit in the pool it left. By arithmetic (README) that is the code
+        predictor's, whose frame hashes noise for every candidate code."""
+        runners = {"code_predictor": self._talker.graphs, "thinker": self._thinker.graphs,
+                   "talker": self._talker.step_graphs}
+        return {name: runner for name, runner in runners.items() if runner is not None}
+
+    def graph_stats(self) -> dict[str, dict[str, int]]:
+        return {"thinker": dict(self._thinker.steps), "talker": dict(self._talker.steps),
+                "code_predictor": dict(self._talker.frames)}
 
     # ---- per-session state -------------------------------------------------------------------
 

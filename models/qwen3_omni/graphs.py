@@ -15,38 +15,21 @@ sync, so `StaticResidual` runs the loop in fixed buffers only:
   takes the argmax and draws nothing.
 
 `StaticResidual` runs eagerly anywhere (the CPU tests check it against the eager path);
-`GraphedResidual` captures one graph per batch bucket when the engine starts (`warm_up`), never
-while serving (a capture stalls the GPU for a fraction of a second), and falls back to the eager
-path for a batch no captured bucket holds or after a failed capture. Nothing here runs on a CPU
-model: the adapter only builds a `GraphedResidual` for a CUDA device.
+`GraphedResidual` captures one graph per batch bucket when the engine starts (`warm_up`,
+`models.cuda_graphs`), and falls back to the eager path for a batch no captured bucket holds or
+after a failed capture. On a CPU model nothing here runs unless `static_steps` asks for the
+fixed buffers without a graph.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
 
+from models.cuda_graphs import BucketGraphs, GraphPool, GraphSettings
 from models.qwen3_omni import compat
 from models.qwen3_omni.options import NOISE_MAX, Sampling, filtered, uniform32
-
-log = logging.getLogger("duplex.models")
-
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-"""Batch sizes a graph is captured for; a batch runs in the smallest that holds it."""
-
-
-def bucket(batch: int) -> int | None:
-    """The smallest bucket that holds `batch` rows, or None past the largest."""
-    return next((size for size in BUCKETS if size >= batch), None)
-
-
-def capture_plan(max_batch: int) -> tuple[int, ...]:
-    """The buckets to capture at start for calls of at most `max_batch` rows: every one up to
-    the bucket that holds `max_batch` (all of them past the largest)."""
-    top = bucket(max_batch) or BUCKETS[-1]
-    return tuple(size for size in BUCKETS if size <= top)
 
 
 class _StaticKV:
@@ -169,90 +152,35 @@ def gumbel_draw(logits: torch.Tensor, noise: torch.Tensor, sampling: Sampling) -
     return (filtered(logits, sampling) + gumbel).argmax(-1)
 
 
-class GraphedResidual:
-    """`StaticResidual` captured as one CUDA graph per batch bucket, all of them at `warm_up`.
+class GraphedResidual(BucketGraphs):
+    """`StaticResidual` per batch bucket, captured as one CUDA graph each at `warm_up` (or run
+    from its buffers without one when not `capture`).
 
-    Calling it returns (B, Q) codes for a batch it `holds`; the eager path runs the others: a
-    batch that no captured bucket holds, or any batch once a capture has failed (logged once;
-    the eager path stays correct).
+    Calling it returns (B, Q) codes for a batch it `holds`, and how they ran; the eager path
+    runs the others.
     """
 
-    def __init__(self, make: Callable[[int], StaticResidual]) -> None:
-        self._make = make
-        self._static: dict[int, StaticResidual] = {}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._pool = None
-        self.failed = False
-
-    @property
-    def captured(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
-
-    def warm_up(self, max_batch: int) -> tuple[int, ...]:
-        """Capture every bucket a call of at most `max_batch` rows may need; the buckets held
-        (none once a capture has failed)."""
-        if self.failed:
-            return ()
-        for size in capture_plan(max_batch):
-            if size not in self._graphs and not self._capture(size):
-                return ()
-        return self.captured
-
-    def holds(self, batch: int) -> bool:
-        """Whether a call of `batch` rows replays a graph (else the eager path runs)."""
-        return not self.failed and self._size(batch) is not None
-
-    def _size(self, batch: int) -> int | None:
-        return next((size for size in self.captured if size >= batch), None)
+    def __init__(self, make: Callable[[int], StaticResidual], capture: bool = True,
+                 pool: GraphPool | None = None) -> None:
+        super().__init__("code predictor", make, capture, pool)
 
     def __call__(self, hidden: torch.Tensor, first: torch.Tensor, counts: torch.Tensor,
-                 greedy: torch.Tensor) -> torch.Tensor:
-        """Codes (B, Q) of a batch that `holds` says a graph takes."""
-        size = self._size(hidden.shape[0])
-        static = self._static[size]
+                 greedy: torch.Tensor) -> tuple[torch.Tensor, str]:
+        batch = hidden.shape[0]
+        static = self.static(batch)
         static.load(hidden, first, counts, greedy)
-        self._graphs[size].replay()
-        return static.codes[: hidden.shape[0]].clone()
-
-    def _capture(self, size: int) -> bool:
-        try:
-            static = self._make(size)
-            # Warm-up on a side stream, as torch.cuda.graphs asks: lazy inits and autotuning
-            # happen outside the capture.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    static.run()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            # thread_local: work other threads of the process put on the GPU meanwhile does
-            # not invalidate this capture.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                static.run()
-        except Exception as exc:  # noqa: BLE001 - any failed capture leaves the eager path
-            log.warning("code predictor CUDA graph capture failed (batch %d), eager from now: %s",
-                        size, exc)
-            self.failed = True
-            return False
-        self._static[size], self._graphs[size] = static, graph
-        return True
+        how = self.run(batch)
+        return static.codes[:batch].clone(), how
 
 
 def residual_graphs(predictor, talker_embed, num_codes: int, sampling: Sampling,
-                    device, dtype, enabled: bool) -> GraphedResidual | None:
-    """The graph runner when `enabled` and the model is on a CUDA device; None otherwise, and
-    then nothing of this module touches the model."""
-    if not enabled:
-        return None
-    if torch.device(device).type != "cuda":
-        log.info("engine.cuda_graphs is on but the model is on %s: the code predictor runs eager",
-                 device)
+                    device, dtype, settings: GraphSettings) -> GraphedResidual | None:
+    """The fixed-buffer runner when `settings` asks for one; None otherwise, and then nothing
+    of this module touches the model."""
+    if not settings.static:
         return None
     return GraphedResidual(
         lambda batch: StaticResidual(predictor, talker_embed, num_codes, batch, sampling,
-                                     device, dtype)
+                                     device, dtype),
+        settings.capture, settings.pool,
     )
-

@@ -17,7 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from models.base import TalkerFrame, ThinkerToken
+from models.cuda_graphs import BucketGraphs, GraphSettings, step_counts
 from models.paged_kv import PagedKV
+from models.paged_static import StaticStep
 from models.qwen3_omni import compat
 from models.qwen3_omni.graphs import gumbel_draws, residual_graphs
 from models.qwen3_omni.options import (
@@ -34,7 +36,9 @@ from models.syncs import fetch, upload
 
 class Talker:
     def __init__(self, model, kv: PagedKV, options: Qwen3OmniOptions, device, dtype,
-                 cuda_graphs: bool = False) -> None:
+                 graphs: GraphSettings | None = None) -> None:
+        """`graphs`: whether the decode steps and the code predictor's frames run from fixed
+        buffers, captured as CUDA graphs."""
         config = model.config.talker_config
         self.module = model.talker
         self.predictor = model.talker.code_predictor
@@ -53,10 +57,21 @@ class Talker:
         }
         if options.speaker.lower() not in self._prefixes:
             raise ValueError(f"unknown speaker {options.speaker!r}; have {list(self.voices)}")
+        graphs = graphs or GraphSettings()
         self.graphs = residual_graphs(
             self.predictor, self.module.get_input_embeddings(), self.num_codes,
-            options.residual_sampling, device, dtype, cuda_graphs,
+            options.residual_sampling, device, dtype, graphs,
         )
+        hidden = config.text_config.hidden_size
+        self.step_graphs = BucketGraphs(
+            "Talker decode",
+            lambda batch: StaticStep(self.module.model, compat.TALKER_CACHE, kv, batch, hidden,
+                                     dtype),
+            graphs.capture, graphs.pool) if graphs.static else None
+        self.steps = step_counts()
+        """Decode steps (the one-position rows of a step call) by how they ran."""
+        self.frames = step_counts()
+        """The code predictor's frames by how they ran."""
 
     def conditioning(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker input embeddings of reply tokens -> the Talker's text input for them."""
@@ -136,8 +151,9 @@ class Talker:
             # in one forward every row would be padded to the longest (one such row among 32
             # doubled the call), so they go apart, and meet again to sample.
             rows.sort(key=lambda row: row[1].shape[0] > 1)
-            groups = [[r for r in rows if r[1].shape[0] == 1], [r for r in rows if r[1].shape[0] > 1]]
-            last = torch.cat([self._last_hidden(group) for group in groups if group])
+            groups = [([r for r in rows if r[1].shape[0] == 1], True),
+                      ([r for r in rows if r[1].shape[0] > 1], False)]
+            last = torch.cat([self._last_hidden(group, step) for group, step in groups if group])
             for sess, frame in zip((s for s, _ in rows), self._frames(rows, last), strict=True):
                 frames[id(sess)] = frame
         return [frames[id(s)] for s in sessions]
@@ -166,8 +182,10 @@ class Talker:
             total = total + emb(codes[:, k + 1])
         return total
 
-    def _last_hidden(self, rows: list[tuple[Session, torch.Tensor]]) -> torch.Tensor:
-        """One forward of the rows' new positions -> each row's last hidden state (B, H)."""
+    def _last_hidden(self, rows: list[tuple[Session, torch.Tensor]],
+                     step: bool = False) -> torch.Tensor:
+        """One forward of the rows' new positions -> each row's last hidden state (B, H).
+        `step`: one position each, a decode step."""
         sessions = [s for s, _ in rows]
         new = [x.shape[0] for _, x in rows]
         q, ends = max(new), np.array(new) - 1
@@ -175,19 +193,32 @@ class Talker:
         # Padding repeats a row's last position so rotary phases stay in range.
         positions = np.array([s.talker_pos for s in sessions])[:, None] + np.minimum(
             np.arange(q)[None], ends[:, None])
-        kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new)
-        out = self.module.model(
-            inputs_embeds=embeds,
-            attention_mask=kv.mask,
-            position_ids=upload(positions, self.device)[None].expand(3, -1, -1),
-            **{compat.TALKER_CACHE: kv},
-            use_cache=True,
-        )
-        kv.commit()
+        slots, owners = [s.talker_slot for s in sessions], [s.sid for s in sessions]
+        graphs = self.step_graphs
+        if step and q == 1 and graphs is not None and graphs.holds(len(rows)):
+            meta = self.kv.plan(slots, owners, new)
+            static = graphs.static(len(rows))
+            static.load(embeds, upload(positions, self.device)[None].expand(3, -1, -1), meta)
+            self.steps[graphs.run(len(rows))] += 1
+            self.kv.commit(slots, new)
+            last = static.hidden[: len(rows)].clone()
+        else:
+            kv = self.kv.bind(slots, owners, new)
+            out = self.module.model(
+                inputs_embeds=embeds,
+                attention_mask=kv.mask,
+                position_ids=upload(positions, self.device)[None].expand(3, -1, -1),
+                **{compat.TALKER_CACHE: kv},
+                use_cache=True,
+            )
+            kv.commit()
+            if step:
+                self.steps["eager"] += 1
+            at = upload(ends, self.device)
+            last = out.last_hidden_state[torch.arange(len(rows), device=self.device), at]
         for sess, n in zip(sessions, new, strict=True):
             sess.talker_pos += n
-        last = upload(ends, self.device)
-        return out.last_hidden_state[torch.arange(len(rows), device=self.device), last]
+        return last
 
     def _frames(self, rows: list[tuple[Session, torch.Tensor]],
                 last: torch.Tensor) -> list[TalkerFrame]:
@@ -231,10 +262,12 @@ class Talker:
         drawing = [sampling.temperature > 0 for sampling in samplings]
         if self.graphs is not None and self.graphs.holds(len(sessions)):
             greedy = upload([not d for d in drawing], self.device, torch.bool)
-            codes = self.graphs(hidden, first, counters(streams, self.device), greedy)
+            codes, how = self.graphs(hidden, first, counters(streams, self.device), greedy)
+            self.frames[how] += 1
             advance(streams, gumbel_draws(self.num_codes, self.predictor.config.vocab_size),
                     drawing)
             return codes
+        self.frames["eager"] += 1
         predictor = self.predictor
         cache = DynamicCache(config=predictor.config)
         x = torch.stack([hidden, self.module.get_input_embeddings()(first)], dim=1)

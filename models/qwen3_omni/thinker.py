@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from models.base import Mark, ReplyTurn, Rewind, TextTurn, ThinkerToken
+from models.cuda_graphs import BucketGraphs, GraphSettings, step_counts
 from models.paged_kv import PagedKV
+from models.paged_static import StaticStep
 from models.prefix_cache import PrefixCache, PrefixKV
 from models.qwen3_omni import compat
 from models.qwen3_omni.context import OWN_TURNS, ConversationTurns
@@ -55,8 +57,10 @@ class Thinker(ConversationTurns):
         prefix_cache: PrefixCache,
         version: str,
         memory: KVMemory,
+        graphs: GraphSettings | None = None,
     ) -> None:
-        """`version` identifies the language model's weights (`models.fingerprint`)."""
+        """`version` identifies the language model's weights (`models.fingerprint`); `graphs`
+        says whether decode steps run from fixed buffers, captured as CUDA graphs."""
         self.module = model.thinker
         self.lm = compat.thinker_parts(model).text
         self.tokenizer = tokenizer
@@ -79,6 +83,14 @@ class Thinker(ConversationTurns):
         self.masks = CallMasks(vocab, device)
         self.positions = 0
         """Positions computed by forwards since the Thinker was made (prefix cache hits not)."""
+        graphs = graphs or GraphSettings()
+        hidden = model.config.thinker_config.text_config.hidden_size
+        self.graphs = BucketGraphs(
+            "Thinker decode",
+            lambda batch: StaticStep(self.lm, compat.THINKER_CACHE, kv, batch, hidden, dtype),
+            graphs.capture, graphs.pool) if graphs.static else None
+        self.steps = step_counts()
+        """Decode steps (the one-position rows of a decode call) by how they ran."""
 
     def start(self, sess: Session) -> None:
         """Open a new session's context with the server's own system prompt, if it has one."""
@@ -308,8 +320,9 @@ class Thinker(ConversationTurns):
             sess.full = True
         return False
 
-    def forward(self, sessions: list[Session]) -> torch.Tensor:
-        """Every session's pending pieces forwarded -> each row's last hidden state.
+    def forward(self, sessions: list[Session], step: bool = False) -> torch.Tensor:
+        """Every session's pending pieces forwarded -> each row's last hidden state. `step`:
+        the rows are a decode step's, one position each (`decode`).
 
         One forward, or two when sessions of the batch open with the same head that the cache
         does not hold yet: the first session computes it in the first forward, the others
@@ -323,14 +336,14 @@ class Thinker(ConversationTurns):
                 elif prefix not in self.prefix_cache:
                     computing.add(prefix)
         if not later:
-            return self._forward(sessions)
+            return self._forward(sessions, step)
         deferred = {id(sess) for sess in later}
         first = [sess for sess in sessions if id(sess) not in deferred]
-        rows = torch.cat([self._forward(first), self._forward(later)])
+        rows = torch.cat([self._forward(first, step), self._forward(later, step)])
         order = {id(sess): i for i, sess in enumerate(first + later)}
         return rows[torch.tensor([order[id(sess)] for sess in sessions], device=rows.device)]
 
-    def _forward(self, sessions: list[Session]) -> torch.Tensor:
+    def _forward(self, sessions: list[Session], step: bool = False) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
         heads = [sess for sess in sessions if self._open_head(sess)]
         pieces = [sess.pending for sess in sessions]
@@ -362,19 +375,30 @@ class Thinker(ConversationTurns):
             # Padding repeats the last position so rotary phases stay in range.
             positions[:, b, at:] = positions[:, b, at - 1 : at]
         capture = bool((multimodal & (role == USER)).any())
-        accept = self.talker.accept_layer
-        kv = self.kv.bind([s.thinker_slot for s in sessions], [s.sid for s in sessions], new)
-        out = self.lm(
-            inputs_embeds=embeds,
-            attention_mask=kv.mask,
-            position_ids=upload(positions, self.device),
-            **{compat.THINKER_CACHE: kv},
-            use_cache=True,
-            visual_pos_masks=upload(visual, self.device, torch.bool) if deep else None,
-            deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
-            output_hidden_states=[accept] if capture else False,
-        )
-        kv.commit()
+        slots, owners = [s.thinker_slot for s in sessions], [s.sid for s in sessions]
+        accepted = None
+        if step and self.graphs is not None and self.graphs.holds(batch) and q == 1 \
+                and not (capture or deep):
+            last = self._static_step(slots, owners, new, embeds, positions)
+        else:
+            accept = self.talker.accept_layer
+            kv = self.kv.bind(slots, owners, new)
+            out = self.lm(
+                inputs_embeds=embeds,
+                attention_mask=kv.mask,
+                position_ids=upload(positions, self.device),
+                **{compat.THINKER_CACHE: kv},
+                use_cache=True,
+                visual_pos_masks=upload(visual, self.device, torch.bool) if deep else None,
+                deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
+                output_hidden_states=[accept] if capture else False,
+            )
+            kv.commit()
+            if step:
+                self.steps["eager"] += 1
+            accepted = out.hidden_states[accept] if capture else None
+            ends = upload([n - 1 for n in new], self.device)
+            last = out.last_hidden_state[torch.arange(batch, device=self.device), ends]
         for sess in sessions:
             self.memory.end_forward(sess)
         for sess in heads:
@@ -384,10 +408,20 @@ class Thinker(ConversationTurns):
                 sess.prefix = prefix
         for sess in sessions:
             sess.pending, sess.head = [], ()
-        accepted = out.hidden_states[accept] if capture else None
         self.talker.take_context(sessions, embeds, accepted, role, multimodal & (role == USER))
-        last = upload([n - 1 for n in new], self.device)
-        return out.last_hidden_state[torch.arange(batch, device=self.device), last]
+        return last
+
+    def _static_step(self, slots: list[int], owners: list[str], new: list[int],
+                     embeds: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
+        """A decode step through the fixed buffers of the bucket holding its batch (replayed
+        as a CUDA graph where one was captured) -> each row's hidden state."""
+        batch = len(slots)
+        meta = self.kv.plan(slots, owners, new)
+        static = self.graphs.static(batch)
+        static.load(embeds, upload(positions, self.device), meta)
+        self.steps[self.graphs.run(batch)] += 1
+        self.kv.commit(slots, new)
+        return static.hidden[:batch].clone()
 
     def _open_slot(self, sess: Session) -> None:
         if sess.thinker_slot is None:
@@ -434,8 +468,8 @@ class Thinker(ConversationTurns):
             # apart, no row is padded to the prefix; they meet again to sample.
             steps = [s for s in active if sum(p.embeds.shape[0] for p in s.pending) == 1]
             active = steps + [s for s in active if id(s) not in {id(t) for t in steps}]
-            groups = (steps, active[len(steps):])
-            last = torch.cat([self.forward(group) for group in groups if group])
+            groups = ((steps, True), (active[len(steps):], False))
+            last = torch.cat([self.forward(group, step) for group, step in groups if group])
             logits = self.module.lm_head(last).float()
             raw = logits.clone() if any(s.forcing for s in active) else logits
             logits.masked_fill_(self.suppress, -math.inf)

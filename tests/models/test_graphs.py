@@ -12,13 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions, Sampling
-from models.qwen3_omni.graphs import (
+from models.cuda_graphs import (
     BUCKETS,
-    GraphedResidual,
-    StaticResidual,
+    BucketGraphs,
+    GraphSettings,
     bucket,
     capture_plan,
+    graph_settings,
+)
+from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions, Sampling
+from models.qwen3_omni.graphs import (
+    GraphedResidual,
+    StaticResidual,
     gumbel_draw,
     residual_graphs,
 )
@@ -52,12 +57,12 @@ def test_buckets_hold_every_batch_up_to_the_largest():
     assert bucket(BUCKETS[-1] + 1) is None
 
 
-def test_the_start_captures_every_bucket_a_batch_may_need():
+def test_the_start_captures_every_bucket_a_batch_may_need_largest_first():
     assert capture_plan(1) == (1,)
-    assert capture_plan(8) == (1, 2, 4, 8)
-    assert capture_plan(64) == (1, 2, 4, 8, 16, 32, 64)
-    assert capture_plan(65) == capture_plan(128) == BUCKETS
-    assert capture_plan(1000) == BUCKETS
+    assert capture_plan(8) == (8, 4, 2, 1)
+    assert capture_plan(64) == (64, 32, 16, 8, 4, 2, 1)
+    assert capture_plan(65) == capture_plan(128) == BUCKETS[::-1]
+    assert capture_plan(1000) == BUCKETS[::-1]
 
 
 def test_warm_up_captures_the_plan_and_nothing_is_captured_while_serving(monkeypatch):
@@ -66,16 +71,17 @@ def test_warm_up_captures_the_plan_and_nothing_is_captured_while_serving(monkeyp
 
     def capture(size: int) -> bool:
         asked.append(size)
-        runner._graphs[size] = None
+        runner._graphs[size] = runner._static[size] = None
         return True
 
-    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(runner, "_prepare", capture)
     assert runner.warm_up(20) == (1, 2, 4, 8, 16, 32)
-    assert asked == [1, 2, 4, 8, 16, 32]
+    assert asked == [32, 16, 8, 4, 2, 1]
     assert runner.holds(32) and not runner.holds(33)
+    assert runner.warm_up(20) == (1, 2, 4, 8, 16, 32) and len(asked) == 6
     # A failed capture stops the warm-up and leaves every batch to the eager path.
     failing = GraphedResidual(lambda batch: None)
-    monkeypatch.setattr(failing, "_capture", lambda size: setattr(failing, "failed", True))
+    monkeypatch.setattr(failing, "_prepare", lambda size: setattr(failing, "failed", True))
     assert failing.warm_up(128) == ()
     assert not failing.holds(1)
 
@@ -199,12 +205,16 @@ def test_the_switch_builds_nothing_for_a_cpu_model(adapter, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", no_cuda)
     monkeypatch.setattr(torch.cuda, "graph", no_cuda)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", no_cuda)
     args = (talker.predictor, talker.module.get_input_embeddings(), talker.num_codes,
             Sampling(0.0), "cpu", torch.float32)
-    assert residual_graphs(*args, enabled=False) is None
-    assert residual_graphs(*args, enabled=True) is None
-    assert isinstance(residual_graphs(*args[:4], "cuda", torch.bfloat16, enabled=True),
-                      GraphedResidual)
+    assert graph_settings(False, False, "cpu") == GraphSettings()
+    assert graph_settings(True, False, "cpu") == GraphSettings()
+    assert residual_graphs(*args, graph_settings(True, False, "cpu")) is None
+    assert graph_settings(False, True, "cpu") == GraphSettings(static=True)
+    on_gpu = graph_settings(True, False, "cuda")
+    assert on_gpu == GraphSettings(static=True, capture=True)
+    assert isinstance(residual_graphs(*args[:4], "cuda", torch.bfloat16, on_gpu), GraphedResidual)
 
 
 def run_reply(model: Qwen3OmniAdapter) -> list[list[int]]:
@@ -228,8 +238,10 @@ def test_cuda_graphs_on_a_cpu_model_change_nothing(checkpoint, adapter, monkeypa
     prep = load_preprocessor(checkpoint, adapter.model.config)
     on = Qwen3OmniAdapter(adapter.model, adapter.tokenizer, prep, options=GREEDY, cuda_graphs=True)
     off = Qwen3OmniAdapter(adapter.model, adapter.tokenizer, prep, options=GREEDY)
-    assert on._talker.graphs is None
+    assert on._talker.graphs is None and on._talker.step_graphs is None
+    assert on._thinker.graphs is None
     assert run_reply(on) == run_reply(off)
+    assert on.warm_up(8) == off.warm_up(8)
 
 
 @torch.inference_mode()
@@ -244,9 +256,11 @@ def test_a_failed_capture_falls_back_to_the_eager_path(adapter, caplog):
     assert runner.warm_up(64) == ()
     assert sum("capture failed" in r.getMessage() for r in caplog.records) == 1
     talker.graphs = runner
+    eager_frames = talker.frames["eager"]
     try:
         eager = talker._residual_codes(hidden, first, [_session(), _session()])
         assert eager.shape == (2, talker.num_codes)
+        assert talker.frames["eager"] == eager_frames + 1
     finally:
         talker.graphs = None
 
@@ -255,3 +269,17 @@ def _session(temperature: float | None = None) -> SimpleNamespace:
     """What the code predictor reads of a session: its reply's temperature (None: the
     checkpoint's own sampling applies; 0: greedy) and its stream."""
     return SimpleNamespace(temperature=temperature, talker_gen=Stream(0))
+
+
+def test_steps_whose_experts_cannot_be_captured_are_not_tried(adapter, monkeypatch):
+    """transformers' eager experts loop with a host sync per expert: a capture of the Thinker's
+    steps would fail on it, so the start does not try, and says why."""
+    made: list[int] = []
+    runner = BucketGraphs("Thinker decode", lambda batch: made.append(batch), capture=True)
+    monkeypatch.setattr(adapter._thinker, "graphs", runner)
+    monkeypatch.setattr(adapter, "experts", {"talker": "grouped_mm", "thinker": "eager"})
+    report = adapter.warm_up(8)
+    assert report["thinker_graphs"] == [] and made == []
+    assert "thinker decode steps not captured: its experts are not on grouped_mm" in \
+        report["warnings"]
+    assert not runner.holds(1)

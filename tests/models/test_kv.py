@@ -1,6 +1,7 @@
 """The KV layouts: sliding windows per session (Moshi), and the paged pool (Qwen3-Omni): blocks
 of one pool, a block table per slot, attention reading them in place (FlexAttention) or through
-a gather, both checked against attention over each session's own keys."""
+a gather, both checked against attention over each session's own keys, and so is a decode step
+from the fixed buffers a CUDA graph holds."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ import torch
 
 from models.kv import KVBatch, SlidingKV, SlotOwnershipError
 from models.paged_attention import Q_BLOCK, attention
-from models.paged_kv import KVExhausted, PagedKV
+from models.paged_kv import TRASH, KVExhausted, PagedKV
+from models.paged_static import StaticKV
 
 
 def test_sliding_kv_masks_padding_and_window():
@@ -103,6 +105,69 @@ def test_paged_attention_equals_each_session_alone(mode):
     assert max(worst) < 1e-5
     assert [kv.length[s] for s in (b, c, d)] == [20, 7, 41]
     assert kv.blocks_used == sum(kv.blocks_for(kv.length[s]) for s in (b, c, d))
+
+
+def static_step(kv: PagedKV, static: StaticKV, ref: Reference, slots: list[int], gen) -> float:
+    """One decode step of every layer over `slots` from a bucket's fixed buffers (the rows
+    past them padding); the largest difference from attention over each slot's own keys.
+    Padding reads numbers and writes nowhere but the trash block."""
+    rows, size = len(slots), static.table.shape[0]
+    static.load(kv.plan(slots, [kv.owner[s] for s in slots], [1] * rows), rows)
+    written = {int(kv.addresses(s, kv.length[s], kv.length[s] + 1)[0]) for s in slots}
+    before = kv.keys.clone()
+    static.prepare()
+    worst = 0.0
+    for layer in range(LAYERS):
+        k, v = (torch.randn(size, HEADS, 1, DIM, generator=gen) for _ in range(2))
+        query = torch.randn(size, QUERY_HEADS, 1, DIM, generator=gen)
+        out, _ = attention(None, query, *static.update(k, v, layer), static.mask, scaling=0.4)
+        assert out[rows:].isfinite().all()
+        for b, slot in enumerate(slots):
+            keys, values = ref.append(slot, layer, k[b], v[b])
+            expected = torch.nn.functional.scaled_dot_product_attention(
+                query[b : b + 1], keys[None], values[None], scale=0.4,
+                enable_gqa=True)[0].transpose(0, 1)
+            worst = max(worst, (out[b] - expected).abs().max().item())
+    # Bit for bit: the gather's pool is allocated empty, and NaN is not equal to itself.
+    bits = kv.keys.view(torch.int32) != before.view(torch.int32)
+    changed = set(torch.nonzero(bits.flatten(0, 1).any(0).any(-1)).flatten().tolist())
+    trash = set(range(TRASH * BLOCK, (TRASH + 1) * BLOCK))
+    assert changed - trash == written
+    kv.commit(slots, [1] * rows)
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["gather", "flex"])
+def test_a_decode_step_from_fixed_buffers_reads_each_sessions_own_keys(mode):
+    """A bucket of four (`models.paged_static`): rows of mixed lengths, one taking a new block;
+    fewer rows than before, the rest padding where real rows were; a slot sharing another's
+    head, copied before its first write; a context truncated. Every row attends to its own
+    positions as alone, and the buffers stay where they were allocated."""
+    kv, ref, gen = pool(mode), Reference(), torch.Generator().manual_seed(3)
+    a, b, c, d = (kv.acquire(name) for name in "abcd")
+    step(kv, ref, [a, b, c, d], [BLOCK, 5, 2 * BLOCK + 3, 1], gen)
+    static = StaticKV(kv, 4)
+    buffers = [static.table, static.start, static.end, *(static.blocks if mode == "flex" else ())]
+    addresses, mask = [t.data_ptr() for t in buffers], static.mask
+    worst = [static_step(kv, static, ref, [a, b, c, d], gen),
+             static_step(kv, static, ref, [c, b], gen)]
+    held = kv.hold(b, 6)
+    e = kv.acquire("e")
+    kv.share(e, held, 6)
+    for layer in range(LAYERS):
+        ref.kv[e, layer] = ref.kv[b, layer][0][:, :6], ref.kv[b, layer][1][:, :6]
+    shared = kv.keys[:, :, held[0] * BLOCK : (held[0] + 1) * BLOCK].clone()
+    worst.append(static_step(kv, static, ref, [e, b, a], gen))
+    assert kv.rows[e][0] != held[0]
+    assert torch.equal(kv.keys[:, :, held[0] * BLOCK : (held[0] + 1) * BLOCK], shared)
+    ref.evict(c, BLOCK + 1, kv.length[c] - (BLOCK + 1))
+    kv.truncate(c, "c", BLOCK + 1)
+    worst += [static_step(kv, static, ref, [c, e], gen), static_step(kv, static, ref, [c], gen)]
+    assert max(worst) < 1e-5
+    assert [kv.length[s] for s in (a, b, c, d, e)] == [BLOCK + 2, 8, BLOCK + 3, 2, 8]
+    assert [t.data_ptr() for t in buffers] == addresses
+    if mode == "flex":
+        assert static.mask is mask
 
 
 def test_a_shared_prefix_is_read_in_place_and_copied_before_a_write():

@@ -192,9 +192,9 @@ def test_chunked_thinker_equals_one_pass(make):
     fed, lasts = [], []
     forward = ad._thinker.forward
 
-    def record(sessions):
+    def record(sessions, step=False):
         fed.extend(sessions[0].pending)
-        lasts.append(forward(sessions))
+        lasts.append(forward(sessions, step))
         return lasts[-1]
 
     ad._thinker.forward = record

@@ -1,6 +1,7 @@
 """What would make a GPU wait for the host, counted on the CPU (`models.syncs`): the counter
 sees what it should, and each Qwen3-Omni stage call at batch 8 reads from the device at most
-once (sampled tokens, codes, PCM)."""
+once (sampled tokens, codes, PCM), on the eager path and with the decode steps loaded into the
+fixed buffers a CUDA graph replays (`static_steps`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
-from models.qwen3_omni.tiny import build_tiny
+from models.qwen3_omni.tiny import build_tiny, load_preprocessor
 from models.syncs import SyncCounter, fetch, on_host, upload
 
 BATCH = 8
@@ -45,10 +46,22 @@ def test_host_work_that_names_the_cpu_is_declared():
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory):
+def loaded(tmp_path_factory):
     options = Qwen3OmniOptions(min_text_tokens=2, max_text_tokens=6, min_frames=2, max_frames=5)
-    return Qwen3OmniAdapter.from_pretrained(build_tiny(tmp_path_factory.mktemp("tiny-omni")),
-                                            options=options)
+    path = build_tiny(tmp_path_factory.mktemp("tiny-omni"))
+    return Qwen3OmniAdapter.from_pretrained(path, options=options), path
+
+
+@pytest.fixture(params=["eager", "static"])
+def adapter(request, loaded):
+    if request.param == "eager":
+        return loaded[0]
+    model, path = loaded
+    static = Qwen3OmniAdapter(model.model, model.tokenizer,
+                              load_preprocessor(path, model.model.config),
+                              options=model.options, static_steps=True)
+    static.warm_up(BATCH)
+    return static
 
 
 def _counted(calls: dict[str, list[SyncCounter]], stage: str, fn, *args):
@@ -93,4 +106,9 @@ def test_every_stage_call_reads_from_the_device_at_most_once(adapter):
         # The input stages leave their output on the device; the others read what the host
         # needs: tokens, the codes' EOS, PCM.
         assert fetched == 0 if stage in ("encode", "prefill") else fetched > 0, stage
+    # Every decode step went the way the adapter was built for.
+    path = "eager" if adapter._thinker.graphs is None else "static"
+    for stage in ("thinker", "talker", "code_predictor"):
+        counts = adapter.graph_stats()[stage]
+        assert counts[path] > 0 and sum(counts.values()) == counts[path], (stage, counts)
 
