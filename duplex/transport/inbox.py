@@ -117,13 +117,22 @@ class McpCalled:
     error: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class FromSideband:
+    """A frame from a sideband on a call whose carrier speaks no Realtime events (Twilio):
+    the protocol reads it apart from its carrier's frames."""
+
+    data: str | bytes
+
+
 Message = (
     PeerText | PeerBytes | EngineOutput | SpeechProbs | TurnScored | Tick | CarrierGone
     | Shutdown | MediaAudio | MediaFrame | Fenced | TranscriptReady | McpListed | McpCalled
+    | FromSideband
 )
 
 _URGENT = (SpeechProbs, TurnScored, CarrierGone, Shutdown, Fenced)
-_FROM_PEER = (PeerText, PeerBytes, MediaAudio, MediaFrame)
+_FROM_PEER = (PeerText, PeerBytes, MediaAudio, MediaFrame, FromSideband)
 
 
 def priority(message: Message) -> int:

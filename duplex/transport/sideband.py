@@ -3,10 +3,12 @@ server-side controls.
 
 A call stays one session. Every server event it sends goes to its carrier (the WebRTC data
 channel) and to each sideband; each sideband's client events go into the same inbox as the
-carrier's, in arrival order, so both see one conversation. A sideband draws on the call's seat
-and message quota, not on its own. Closing a sideband leaves the call; the call's end closes its
-sidebands (1000). A call id that names no live call of the same key is refused at the handshake
-(404 call_id_not_found), whether the call never was, has ended, or is another key's.
+carrier's, in arrival order, so both see one conversation. A Twilio call, whose carrier speaks
+no Realtime events, shows its sidebands its Realtime view (twilio/realtime_view.py). A sideband
+draws on the call's seat and message quota, not on its own. Closing a sideband leaves the call;
+the call's end closes its sidebands (1000). A call id that names no live call of the same key
+is refused at the handshake (404 call_id_not_found), whether the call never was, has ended, or
+is another key's.
 """
 
 from __future__ import annotations
@@ -109,8 +111,10 @@ class Sidebands:
 class LiveCall(Protocol):
     """What a sideband attaches to (a transport's call, registered in the hub by its id)."""
 
-    owner: str
-    """The key the call was opened with (its key id); a sideband must show the same."""
+    owner: str | None
+    """The key the call was opened with (its key id); a sideband must show the same. None: a
+    call no key opened (a stream Twilio's signature admitted), which any client the server
+    admits may attach to."""
     sidebands: Sidebands
 
     def attached_event(self) -> str | None:
@@ -131,7 +135,7 @@ async def serve_sideband(ws: WebSocket, calls: dict[str, LiveCall]) -> None:
     call_id = ws.query_params["call_id"]
     principal = ws.scope.get("state", {}).get("principal")
     call = calls.get(call_id)
-    if call is None or principal is None or principal.key_id != call.owner:
+    if call is None or principal is None or call.owner not in (None, principal.key_id):
         await _refuse(ws, 404, "call_id_not_found", not_found_message(call_id), "call_id")
         return
     await ws.accept(subprotocol=choose_subprotocol(ws.scope.get("subprotocols", [])))

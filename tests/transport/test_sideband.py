@@ -1,17 +1,20 @@
-"""A server's sideband on a browser's WebRTC call (`/v1/realtime?call_id=`), and ephemeral keys
-that open calls with their settings: an aiortc caller, the official `openai` SDK as the server's
-side, `duplex serve --model echo` with API keys."""
+"""A server's sideband on a browser's WebRTC call and on a Twilio call (`/v1/realtime?call_id=`),
+and ephemeral keys that open calls with their settings: an aiortc caller and a simulated Twilio
+peer, the official `openai` SDK as the server's side, `duplex serve --model echo` with API
+keys."""
 
 import asyncio
 import json
 
 import httpx
+import numpy as np
 import pytest
 import websockets
 from openai import AsyncOpenAI
 
 from duplex.transport import sideband as sidebands
 from tests.conftest import ServerProcess
+from tests.transport.test_twilio_call import SID, Peer, decoded
 from tests.transport.test_webrtc import Caller
 from tests.waiting import eventually
 
@@ -177,6 +180,105 @@ async def test_an_ephemeral_key_opens_a_call_with_its_settings(server, wait_rele
         assert call["name"] == "get_weather"
     finally:
         await caller.close()
+    await wait_released(server)
+
+
+CALL_SID = "CA00000000000000000000000000sideband"
+
+
+async def attachable(server, call_id: str) -> bool:
+    """Whether a sideband could attach to `call_id` now (it attaches, and leaves at once)."""
+    try:
+        async with websockets.connect(server.url.replace("http", "ws")
+                                      + f"/v1/realtime?call_id={call_id}",
+                                      additional_headers={"Authorization": f"Bearer {KEY}"}):
+            return True
+    except websockets.InvalidStatus:
+        return False
+
+
+async def received(ws) -> list[str]:
+    """The types of the events a raw WebSocket sideband gets until it is closed normally."""
+    return [json.loads(text)["type"] async for text in ws]
+
+
+@pytest.mark.slow
+async def test_a_sideband_drives_a_twilio_call_by_its_call_sid(server, wait_released):
+    url = server.url.replace("http", "ws") + "/telephony/twilio"
+    async with websockets.connect(url, compression=None,
+                                  additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        peer = Peer(ws)
+        peer.start()
+        peer.put({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        peer.put({"event": "start", "streamSid": SID, "start": {
+            "streamSid": SID, "accountSid": "AC0", "callSid": CALL_SID, "tracks": ["inbound"],
+            "customParameters": {},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})
+        await eventually(lambda: attachable(server, CALL_SID), "the call is live by its sid")
+        assert (await refused(server, CALL_SID, OTHER)).response.status_code == 404
+        by_stream = await websockets.connect(
+            server.url.replace("http", "ws") + f"/v1/realtime?call_id={SID}",
+            additional_headers={"Authorization": f"Bearer {KEY}"})
+
+        async with sdk(server).realtime.connect(call_id=CALL_SID) as sideband:
+            joined = await next_of(sideband, "session.created")
+            assert joined.session.id.startswith("call_")
+            assert joined.session.audio.output.format.type == "audio/pcmu"
+            assert json.loads(await by_stream.recv())["session"]["id"] == joined.session.id
+
+            # The bridge's audio settings stay the bridge's; instructions and tools are the
+            # sideband's.
+            await sideband.session.update(session={"type": "realtime",
+                                                   "audio": {"output": {"speed": 1.5}}})
+            refusal = await next_of(sideband, "error")
+            assert refusal.error.param == "session.audio"
+            await sideband.session.update(session={
+                "type": "realtime", "instructions": "Answer about the weather.",
+                "tools": [WEATHER]})
+            updated = await next_of(sideband, "session.updated")
+            assert [t.name for t in updated.session.tools] == ["get_weather"]
+
+            # What the caller asks (here as text) makes the model call the tool; the call
+            # reaches the sideband, which answers it, and the caller hears the answer.
+            await sideband.conversation.item.create(item={
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": ASKS_WEATHER}]})
+            await sideband.response.create()
+            assert (await next_of(sideband, "response.created")).response.status == "in_progress"
+            call = await next_of(sideband, "response.function_call_arguments.done")
+            assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
+            first = await next_of(sideband, "response.done")
+            assert first.response.output[1].call_id == call.call_id
+            await sideband.conversation.item.create(item={
+                "type": "function_call_output", "call_id": call.call_id,
+                "output": "Sunny in Oslo"})
+            await sideband.response.create()
+            done = await next_of(sideband, "response.done")
+            assert done.response.status == "completed"
+            assert done.response.output[0].content[0].transcript == "Sunny in Oslo"
+            # The phone hears it: a quiet 80 ms tone per word from the echo model, 4 media
+            # messages each, after the first reply's last mark.
+            first_end = max(t for t, name in peer.marks_in if name.startswith("duplex.r0."))
+
+            def answer() -> list[bytes]:
+                return [payload for t, payload in peer.media_in if t > first_end]
+
+            await eventually(lambda: len(answer()) >= 12, "the phone hears the answer")
+            heard = decoded(b"".join(answer()))
+            assert float(np.sqrt(np.mean(heard ** 2))) > 0.03
+            await sideband.response.cancel()
+            assert (await next_of(sideband, "error")).error.code == "response_cancel_not_active"
+
+            # Twilio's stop ends the call, and with it both sidebands (normal closes).
+            await peer.hang_up({"event": "stop", "streamSid": SID,
+                                "stop": {"accountSid": "AC0", "callSid": CALL_SID}}, 5.0)
+            rest = await asyncio.wait_for(drain(sideband), 10)
+            assert "error" not in rest
+        seen_by_stream = await asyncio.wait_for(received(by_stream), 10)
+        assert by_stream.close_code == 1000
+        assert "response.function_call_arguments.done" in seen_by_stream
+    gone = await refused(server, CALL_SID, KEY)
+    assert CALL_SID in json.loads(gone.response.body)["error"]["message"]
     await wait_released(server)
 
 

@@ -56,6 +56,7 @@ from duplex.transport.effects import (
     VadFeed,
 )
 from duplex.transport.twilio import schema
+from duplex.transport.twilio.realtime_view import Publish, RealtimeView, Refused
 
 RATE = 8000
 """Twilio's mu-law rate, and so the session clock's."""
@@ -104,6 +105,14 @@ class BargedIn:
 
 
 @dataclass(frozen=True)
+class StreamStarted:
+    """The stream has started: the call's ids, which sidebands attach by."""
+
+    call_sid: str
+    stream_sid: str
+
+
+@dataclass(frozen=True)
 class Notice:
     """Something worth a log line: call start, turn decisions, response outcomes."""
 
@@ -113,7 +122,7 @@ class Notice:
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
     | Rejected | DtmfReceived | BargedIn | Notice | EngineSetDuplex | InterruptionJudged
-    | ScoreTurnEnd | TurnEnded
+    | ScoreTurnEnd | TurnEnded | StreamStarted | Publish
 )
 
 
@@ -183,6 +192,7 @@ class TwilioProtocol:
         model_input_rate: int,
         model_output_rate: int,
         options: Options | None = None,
+        model: str = "",
     ) -> None:
         self.options = options or Options()
         self.clock = MediaClock(
@@ -211,6 +221,16 @@ class TwilioProtocol:
         self.closed = False
         self.duplex = False
         self.duplex_dropped: dict[str, int] = {}
+        semantic = o.turn_detection == "semantic_vad" and o.turn_model
+        self.view = RealtimeView(session_id, model, "duplex" if o.duplex else
+                                 "semantic_vad" if semantic else "server_vad")
+        """The call as its sidebands see it (realtime_view.py)."""
+        self._sideband_handlers: dict[str, Callable[[Any, list[Effect]], None]] = {
+            "session.update": self.view.update,
+            "response.create": self._sideband_response,
+            "conversation.item.create": self.view.item,
+            "response.cancel": self._sideband_cancel,
+        }
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -240,6 +260,18 @@ class TwilioProtocol:
         _HANDLERS[name](self, message, out)
         return out
 
+    def receive_sideband(self, data: str | bytes) -> list[Effect]:
+        """A frame from one of the call's sidebands: a Realtime client event for this call."""
+        out: list[Effect] = []
+        if self.closed:
+            return out
+        if isinstance(data, bytes):
+            self.view.error(out, "invalid_frame",
+                            "Binary frames are not supported; send JSON text frames.")
+        else:
+            self.view.receive(out, data, self._sideband_handlers)
+        return out
+
     # -- Twilio messages ------------------------------------------------------------------
 
     def _on_connected(self, msg: schema.Connected, out: list[Effect]) -> None:
@@ -263,6 +295,7 @@ class TwilioProtocol:
         self.last_seq = int(msg.sequenceNumber)
         out.append(Notice(f"call {msg.start.callSid} started: stream {msg.streamSid}, "
                           f"tracks {msg.start.tracks}, parameters {msg.start.customParameters}"))
+        out.append(StreamStarted(msg.start.callSid, msg.streamSid))
         if self.options.duplex:
             self.duplex = True
             # The model hears the whole call, on its own frame clock.
@@ -365,6 +398,7 @@ class TwilioProtocol:
                                       f"{command.at_sample}"))
             elif isinstance(command, cmd.SpeechStarted):
                 out.append(Notice(f"speech started at sample {command.at_sample}"))
+                self.view.speech(out, "speech_started", command.at_sample, RATE)
                 # Speech over a playing reply pauses it (or, with no minimum, is a barge-in:
                 # epoch bump, flush, transcript cut at the last echoed mark).
                 self._judge(out, self.core.handle(command))
@@ -392,6 +426,7 @@ class TwilioProtocol:
         if any(isinstance(e, ev.UserTurnEnded) for e in events):
             out.append(Notice(f"speech stopped at sample {stopped.at_sample} "
                               f"(turn ended by {stopped.ended_by})"))
+            self.view.speech(out, "speech_stopped", stopped.at_sample, RATE)
             out.append(TurnEnded(stopped.ended_by))
             self._start_reply(out)
 
@@ -420,9 +455,10 @@ class TwilioProtocol:
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
         self.reply = Reply(started.epoch)
         out.append(Notice(f"response {started.response_id} started in epoch {started.epoch}"))
+        self.view.started(out, started)
         if commit:
             out += self.clock.commit_input()
-            out.append(EngineCommit(started.epoch))
+            out.append(EngineCommit(started.epoch, self.view.spec()))
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
         for e in events:
@@ -435,6 +471,7 @@ class TwilioProtocol:
                 out.append(Notice(f"response {e.response_id} cancelled ({e.reason}): "
                                   f"heard {e.heard_samples} samples"))
                 self.reply = None
+                self.view.ended(out, e.response_id, self._transcript(e.response_id), e.reason)
             elif isinstance(e, ev.TranscriptTruncated):
                 out.append(Notice(f"response {e.response_id} transcript truncated at sample "
                                   f"{e.audio_end_sample}: {e.heard_text!r}"))
@@ -454,6 +491,15 @@ class TwilioProtocol:
             self._queue(self.clock.reply_tail(), "", last=True)
             r.engine_done = True
         return []
+
+    def on_engine_tool_call(self, epoch: int, piece) -> list[Effect]:
+        """A function call the model is writing (the caller hears none of it): for the
+        sidebands, which answer it."""
+        out: list[Effect] = []
+        r = self.reply
+        if r is not None and epoch == r.epoch and not self.closed:
+            self.view.tool_call(out, self.core.responses[-1].id, piece)
+        return out
 
     def on_engine_duplex(self, epoch: int, pcm: np.ndarray, text: str, voiced: bool,
                          at: int = 0) -> list[Effect]:
@@ -510,6 +556,7 @@ class TwilioProtocol:
             for e in self.core.handle(cmd.ResponseCompleted(r.epoch)):
                 if isinstance(e, ev.ResponseDone):
                     out.append(Notice(f"response {e.response_id} generated: {e.n_samples} samples"))
+                    self.view.ended(out, e.response_id, self._transcript(e.response_id))
             self.reply = None
         return out
 
@@ -522,6 +569,32 @@ class TwilioProtocol:
         name = mark_name(chunk)
         self.marks[name] = (chunk.epoch, chunk.start_sample + chunk.n_samples)
         out.append(Send({"event": "mark", "streamSid": sid, "mark": {"name": name}}))
+
+    # -- a sideband's requests ----------------------------------------------------------------
+
+    def _sideband_response(self, event, out: list[Effect]) -> None:
+        if event.response:
+            raise Refused("unsupported_on_twilio",
+                          "response.create on a Twilio call takes no parameters: the session's "
+                          "instructions and tools apply.", "response")
+        if self.duplex:
+            raise Refused("invalid_request_error",
+                          "In duplex mode the model decides when to speak; "
+                          "response.create is not available.")
+        if self.reply is not None:
+            raise Refused("conversation_already_has_active_response",
+                          "Conversation already has an active response in progress. Wait "
+                          "until the response is finished before creating a new one.")
+        self._start_reply(out)
+
+    def _sideband_cancel(self, event, out: list[Effect]) -> None:
+        if self.reply is None or self.duplex:
+            raise Refused("response_cancel_not_active",
+                          "Cancellation failed: no active response found.")
+        self._apply_core_events(out, self.core.handle(cmd.Cancel("client_cancelled")))
+
+    def _transcript(self, response_id: int) -> str:
+        return next(r.transcript for r in self.core.responses if r.id == response_id)
 
     # -- the end ----------------------------------------------------------------------------
 
