@@ -1,5 +1,6 @@
 """API keys, ephemeral keys, Twilio signatures and limits at the session entry points."""
 
+import contextlib
 import json
 import time
 
@@ -12,6 +13,7 @@ from duplex.access.auth import choose_subprotocol, twilio_signature
 from duplex.access.limits import Admission, OverLimit
 from duplex.config import LimitsSettings, load_settings
 from duplex.server import create_app
+from tests.waiting import until
 
 KEY = "sk-good"
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -125,6 +127,31 @@ def test_twilio_requests_are_checked_by_signature(app_client):
     with client.websocket_connect("/telephony/twilio",
                                   headers={"X-Twilio-Signature": signed_ws}):
         pass
+
+
+def test_a_call_twilio_opened_is_the_servers_any_key_may_attach_to(app_client):
+    client, _ = app_client
+    signed = twilio_signature("tw-token", "wss://testserver/telephony/twilio", [])
+    start = {"event": "start", "sequenceNumber": "1", "streamSid": "MZ9", "start": {
+        "streamSid": "MZ9", "accountSid": "AC0", "callSid": "CA9", "tracks": ["inbound"],
+        "customParameters": {},
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}
+    with client.websocket_connect("/telephony/twilio", headers={"X-Twilio-Signature": signed}
+                                  ) as call, contextlib.ExitStack() as attached:
+        call.send_json(start)
+
+        def attach(key):
+            try:
+                return attached.enter_context(
+                    client.websocket_connect("/v1/realtime?call_id=CA9", headers=bearer(key)))
+            except WebSocketDenialResponse:
+                return None
+
+        # No key opened it: each of the server's keys may attach, no unknown key.
+        sideband = until(lambda: attach("sk-other"), "the call is live")
+        assert sideband.receive_json()["session"]["id"].startswith("call_")
+        assert denied(client, "/v1/realtime?call_id=CA9", headers=bearer("sk-bad")
+                      ).status_code == 401
 
 
 def test_ephemeral_keys_open_one_session_and_expire(app_client):
