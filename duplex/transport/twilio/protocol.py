@@ -55,8 +55,9 @@ from duplex.transport.effects import (
     TurnEnded,
     VadFeed,
 )
+from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.twilio import schema
-from duplex.transport.twilio.realtime_view import Publish, RealtimeView, Refused
+from duplex.transport.twilio.realtime_view import Publish, RealtimeView
 
 RATE = 8000
 """Twilio's mu-law rate, and so the session clock's."""
@@ -574,22 +575,22 @@ class TwilioProtocol:
 
     def _sideband_response(self, event, out: list[Effect]) -> None:
         if event.response:
-            raise Refused("unsupported_on_twilio",
+            raise ProtocolError("unsupported_on_twilio",
                           "response.create on a Twilio call takes no parameters: the session's "
                           "instructions and tools apply.", "response")
         if self.duplex:
-            raise Refused("invalid_request_error",
+            raise ProtocolError("invalid_request_error",
                           "In duplex mode the model decides when to speak; "
                           "response.create is not available.")
         if self.reply is not None:
-            raise Refused("conversation_already_has_active_response",
+            raise ProtocolError("conversation_already_has_active_response",
                           "Conversation already has an active response in progress. Wait "
                           "until the response is finished before creating a new one.")
         self._start_reply(out)
 
     def _sideband_cancel(self, event, out: list[Effect]) -> None:
         if self.reply is None or self.duplex:
-            raise Refused("response_cancel_not_active",
+            raise ProtocolError("response_cancel_not_active",
                           "Cancellation failed: no active response found.")
         self._apply_core_events(out, self.core.handle(cmd.Cancel("client_cancelled")))
 

@@ -33,6 +33,7 @@ from duplex.session.errors import SessionError
 from duplex.transport.core import json_object
 from duplex.transport.effects import EngineInstruct, EnginePushText
 from duplex.transport.realtime import schema
+from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.session_config import (
     ConfigError,
     SessionSettings,
@@ -60,13 +61,6 @@ class _Reply:
     message_id: str
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The function calls the model wrote in this reply, by their order in it."""
-
-
-class Refused(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 class RealtimeView:
@@ -128,7 +122,7 @@ class RealtimeView:
             self.error(out, "invalid_value", message, param, event_id)
         except ConfigError as exc:
             self.error(out, exc.code, str(exc), exc.param, event_id)
-        except (Refused, SessionError) as exc:
+        except (ProtocolError, SessionError) as exc:
             self.error(out, exc.code, str(exc), getattr(exc, "param", None), event_id)
 
     def error(self, out: list, code: str, message: str, param: str | None = None,
@@ -140,17 +134,17 @@ class RealtimeView:
         """session.update: instructions, function tools and tool_choice."""
         other = sorted(set(event.session) - SETTABLE)
         if other:
-            raise Refused("unsupported_on_twilio",
+            raise ProtocolError("unsupported_on_twilio",
                           f"'session.{other[0]}' cannot be set on a Twilio call: its audio and "
                           "turn detection are the bridge's (telephony.*). A sideband sets "
                           f"{', '.join(sorted(SETTABLE - {'type'}))}.", f"session.{other[0]}")
         new = updated_ga(self.settings, event.session)
         if new.type != "realtime":
-            raise Refused("unsupported_on_twilio", "A Twilio call is a realtime session.",
+            raise ProtocolError("unsupported_on_twilio", "A Twilio call is a realtime session.",
                           "session.type")
         for i, tool in enumerate(new.tools):
             if tool.get("type") != "function":
-                raise Refused("unsupported_on_twilio",
+                raise ProtocolError("unsupported_on_twilio",
                               "A Twilio call takes function tools, not MCP servers.",
                               f"session.tools.{i}.type")
         told = (self.settings.instructions, self.settings.tools)
@@ -163,17 +157,17 @@ class RealtimeView:
         """conversation.item.create: a function call's output, or a text message."""
         model = schema.ITEM_TYPES.get(event.item.get("type", "message"))
         if model not in (schema.FunctionCallOutputItem, schema.MessageItem):
-            raise Refused("unsupported_on_twilio",
+            raise ProtocolError("unsupported_on_twilio",
                           "A Twilio call takes function_call_output and message items, not "
                           f"{event.item.get('type')!r}.", "item.type")
         try:
             item = model.model_validate(event.item)
         except ValidationError as exc:
             param, message = schema.first_problem(exc, "item.")
-            raise Refused("invalid_value", message, param) from None
+            raise ProtocolError("invalid_value", message, param) from None
         if isinstance(item, schema.FunctionCallOutputItem):
             if item.call_id not in self.call_ids:
-                raise Refused("invalid_tool_call_id",
+                raise ProtocolError("invalid_tool_call_id",
                               f"Tool call ID '{item.call_id}' not found in conversation.",
                               "item.call_id")
             push = EnginePushText(item.output, role="tool")
@@ -182,7 +176,7 @@ class RealtimeView:
         else:
             parts = [p for p in item.content if p.type not in _TEXT_PARTS]
             if parts:
-                raise Refused("unsupported_on_twilio",
+                raise ProtocolError("unsupported_on_twilio",
                               f"A message on a Twilio call carries text, not {parts[0].type}.",
                               "item.content")
             text = "".join(p.text or "" for p in item.content)
