@@ -14,7 +14,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from duplex.config import Settings
-from duplex.media import ulaw_decode, ulaw_encode
+from duplex.media import float_to_g711, ulaw_decode, ulaw_encode
 from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
@@ -194,22 +194,24 @@ def test_media_feeds_the_engine_at_its_rate_and_the_vad_at_16k_without_delay():
     assert vad[0] >= 2 * FRAME - 8 and vad[1:] == [2 * FRAME] * 4
 
 
-def test_end_of_speech_starts_a_reply_sent_in_paced_20ms_frames_each_chunk_then_a_mark():
+def test_end_of_speech_starts_a_reply_sent_in_paced_20ms_frames_each_piece_then_a_mark():
     p, peer = started(output_lead_ms=200)
     epoch = in_reply(p, peer)
     for i in range(10):  # 80 ms chunks
         p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
     events = sent(p.release_output(0))
-    # 200 ms of lead: the chunks starting at 0, 80 and 160 ms go now.
-    assert [e["event"] for e in events] == (["media"] * 4 + ["mark"]) * 3
+    # 200 ms of lead, in whole frames: the chunks starting at 0 and 80 ms, and the first
+    # 40 ms of the one at 160 ms (not all of it: the phone holds no more than the lead).
+    assert [e["event"] for e in events] == (["media"] * 4 + ["mark"]) * 2 + ["media"] * 2 + ["mark"]
     assert all(e["streamSid"] == SID for e in events)
     payloads = [base64.b64decode(e["media"]["payload"]) for e in events if e["event"] == "media"]
     assert {len(x) for x in payloads} == {FRAME}
     assert abs(ulaw_decode(payloads[0]).astype(float).mean() / 32768 - 0.25) < 0.01
     marks = [e["mark"]["name"] for e in events if e["event"] == "mark"]
-    assert marks == [f"duplex.r0.e{epoch}.s{i}" for i in range(3)]
+    assert marks == [f"duplex.r0.e{epoch}.m{i}" for i in range(3)]
     assert not sent(p.release_output(0))
-    assert [e["event"] for e in sent(p.release_output(640))] == ["media"] * 4 + ["mark"]
+    # 80 ms on: the rest of that chunk, and the next up to the lead.
+    assert [e["event"] for e in sent(p.release_output(640))] == (["media"] * 2 + ["mark"]) * 2
     # Only Twilio's echoes move the watermark, however far the clock has run.
     assert p.core.played_samples == 0
     peer.mark(marks[0])
@@ -225,7 +227,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
         p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
     events = sent(p.release_output(0)) + sent(p.release_output(640))
     marks = [e["mark"]["name"] for e in events if e["event"] == "mark"]
-    assert len(marks) == 4
+    assert len(marks) == 5
     peer.mark(marks[0])
     peer.mark(marks[1])
 
@@ -241,7 +243,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     assert (reply["heard_samples"], reply["transcript"]) == (1280, "w0 w1 ")
 
     # Twilio echoes the marks the clear dropped: expected, and nothing moves.
-    assert not rejections(peer.mark(marks[2]) + peer.mark(marks[3]))
+    assert not rejections(peer.mark(marks[2]) + peer.mark(marks[3]) + peer.mark(marks[4]))
     assert p.core.played_samples == 1280 and p.responses()[0]["transcript"] == "w0 w1 "
     assert rejections(peer.mark(marks[3])) == ["unknown_mark"]
     # The cancelled reply's late audio never goes out.
@@ -255,7 +257,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     assert new_epoch == epoch + 1
     p.on_engine_audio(new_epoch, np.zeros(640, np.float32), "again ")
     events = sent(p.release_output(80_000))
-    assert events[-1]["mark"]["name"] == f"duplex.r1.e{new_epoch}.s10"
+    assert events[-1]["mark"]["name"] == f"duplex.r1.e{new_epoch}.m5"
     peer.mark(events[-1]["mark"]["name"])
     assert p.core.played_samples == 1280 + 640
 
@@ -276,38 +278,61 @@ def test_the_last_frame_is_padded_and_speech_over_the_unplayed_tail_still_clears
                                 "sent_samples": 0, "heard_samples": 0, "transcript": ""}
 
 
-def test_speech_over_a_reply_pauses_it_a_cough_resumes_it_and_a_sentence_clears_it():
+def media_sent(events) -> bytes:
+    return b"".join(base64.b64decode(e["media"]["payload"]) for e in events if e["event"] == "media")
+
+
+def test_speech_over_a_reply_clears_at_once_a_cough_resends_from_the_playhead_and_a_sentence_cuts():
     p, peer = started(output_lead_ms=200, min_interruption_ms=400, resume_gap_ms=200)
     epoch = in_reply(p, peer)
+    reply = np.sin(np.arange(6400) * 0.01).astype(np.float32) * 0.5
     for i in range(10):
-        p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
+        p.on_engine_audio(epoch, reply[640 * i : 640 * (i + 1)], f"w{i} ")
+    wire = float_to_g711(reply, "ulaw")
     first = sent(p.release_output(0))
+    assert media_sent(first) == wire[:1600]
     marks = [e["mark"]["name"] for e in first if e["event"] == "mark"]
+    # Twilio echoes the first mark as its playback reaches it, 80 ms in.
     peer.mark(marks[0])
+    more = sent(p.release_output(640))
+    assert media_sent(more) == wire[1600:2240]
+    marks += [e["mark"]["name"] for e in more if e["event"] == "mark"]
 
-    # A cough: one chunk of speech. Nothing more is sent (no clear: what Twilio holds plays).
+    # A cough 10 ms later: the reply pauses and Twilio's buffer is cleared at once.
     effects = p.on_vad([SPEECH])
-    assert not sent(effects) and not [e for e in effects if isinstance(e, EngineCancel)]
+    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    assert not [e for e in effects if isinstance(e, EngineCancel)]
+    assert not sent(p.release_output(720))
+    # Twilio echoes the marks the clear dropped: expected, and they move nothing.
+    assert not rejections([e for m in marks[1:] for e in peer.mark(m)])
+    assert p.core.played_samples == 640
     assert not sent(p.release_output(8000))
-    # Quiet after it until 400 ms from its onset: a false interruption, and the reply goes on
-    # from where it paused, on the same output track (the next chunk starts where the last
-    # one ended).
+    # Quiet after it until 400 ms from its onset: a false interruption. The reply goes on,
+    # in the same epoch, from where the caller's playback stood when the clear went (the
+    # echo at 640 and 10 ms of playback since): nothing lost, nothing twice.
     assert not p.on_vad([QUIET] * 11)
     effects = p.on_vad([QUIET])
     assert [e for e in effects if isinstance(e, InterruptionJudged)] == [InterruptionJudged(False)]
+    assert not [e for e in effects if isinstance(e, Send)]
     resumed = sent(p.release_output(8000))
-    names = [e["mark"]["name"] for e in resumed if e["event"] == "mark"]
-    assert names[0] == f"duplex.r0.e{epoch}.s3" and p.core.epoch == epoch
-    assert p.core.false_interruptions == 1
+    assert media_sent(resumed) == wire[720:2400]
+    # In frames on the output's 20 ms grid, the first short.
+    sizes = [len(base64.b64decode(e["media"]["payload"])) for e in resumed if e["event"] == "media"]
+    assert sizes == [80] + [FRAME] * 10
+    assert p.core.epoch == epoch and p.core.false_interruptions == 1
 
-    # Speech that lasts 400 ms cuts the reply as a barge-in always did.
-    effects = p.on_vad([SPEECH] * (400 * 8 // VAD_CHUNK_8K))
+    # Speech that lasts 400 ms cuts the reply: paused and cleared at its onset, cancelled
+    # once it has lasted, with no second clear (nothing was sent since the first).
+    effects = p.on_vad([SPEECH])
+    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    effects = p.on_vad([SPEECH] * (400 * 8 // VAD_CHUNK_8K - 1))
     assert not [e for e in effects if isinstance(e, EngineCancel)]
     effects = p.on_vad([SPEECH])
     assert [e for e in effects if isinstance(e, EngineCancel)] == [EngineCancel(epoch + 1)]
-    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
-    assert InterruptionJudged(True) in effects
+    assert not sent(effects)
+    assert InterruptionJudged(True) in effects and BargedIn in map(type, effects)
     assert p.responses()[0]["status"] == "cancelled"
+    assert p.responses()[0]["transcript"] == "w0 "
     assert (p.core.interruptions, p.core.false_interruptions) == (1, 1)
 
 
