@@ -5,7 +5,15 @@
 import numpy as np
 import pytest
 
-from duplex.transport.effects import EngineCancel, EngineCommit, InterruptionJudged
+from duplex.transport.effects import (
+    EngineCancel,
+    EngineCommit,
+    FlushAudio,
+    HoldAudio,
+    InterruptionJudged,
+    PlayAudio,
+    ResumeAudio,
+)
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 from duplex.transport.realtime.session_config import DEFAULT_MIN_INTERRUPTION_MS
 from tests.transport.test_realtime_client_contract import send, sent, types
@@ -62,6 +70,25 @@ def test_a_cough_pauses_the_reply_and_it_resumes_where_it_stopped():
     transcript = done[0]["response"]["output"][0]["content"][0]["transcript"]
     assert transcript == "".join(f"w{i} " for i in range(25))
     assert (p.core.interruptions, p.core.false_interruptions) == (0, 1)
+
+
+def test_on_a_media_track_the_pause_holds_what_the_track_has_a_cough_resumes_it_speech_flushes():
+    p = RealtimeProtocol("sess_t", model="echo", model_input_rate=24000, model_output_rate=24000,
+                         limits=Limits(output_lead_ms=200), media_track=True)
+    p.start()
+    send(p, type="session.update", session={"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "min_interruption_ms": 300}}}})
+    replying(p)
+    assert [e for e in p.release_output(0) if isinstance(e, PlayAudio)]
+    # The track stops playing what it holds as the reply pauses, not only what would come.
+    effects = p.on_vad([SPEECH] * 4)
+    assert HoldAudio() in effects and not [e for e in effects if isinstance(e, FlushAudio)]
+    effects = p.on_vad([QUIET] * 7)
+    assert ResumeAudio() in effects
+    # Speech that lasts: held at its onset, then the track's frames are dropped.
+    assert HoldAudio() in p.on_vad([SPEECH])
+    effects = p.on_vad([SPEECH] * 9)
+    assert FlushAudio() in effects and ResumeAudio() not in effects
 
 
 def test_speech_that_lasts_cancels_the_reply_and_is_announced_from_its_onset():

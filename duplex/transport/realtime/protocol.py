@@ -42,9 +42,11 @@ from duplex.transport.effects import (
     EnginePushText,
     EngineSetDuplex,
     FlushAudio,
+    HoldAudio,
     InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
+    ResumeAudio,
     Send,
     VadFeed,
 )
@@ -75,7 +77,8 @@ from duplex.transport.realtime.turns import Turns, detector_for
 
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
-    | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
+    | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | HoldAudio
+    | ResumeAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
     | InterruptionJudged
 )

@@ -45,9 +45,11 @@ from duplex.transport.effects import (
     EnginePushImage,
     EnginePushText,
     FlushAudio,
+    HoldAudio,
     InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
+    ResumeAudio,
 )
 from duplex.transport.inbox import (
     EngineOutput,
@@ -125,7 +127,8 @@ class RealtimeSession(SessionLoop):
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
         self.media = media
-        """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
+        """A media track (WebRTC) with play(start_sample, pcm), hold(), resume() and flush();
+        None for events."""
         self.quota = quota
         self.metrics = metrics
         self.transcriber = transcriber
@@ -295,6 +298,10 @@ class RealtimeSession(SessionLoop):
             self.media.play(effect.start_sample, effect.pcm)
         elif isinstance(effect, FlushAudio):
             self.media.flush()
+        elif isinstance(effect, HoldAudio):
+            self.media.hold()
+        elif isinstance(effect, ResumeAudio):
+            self.media.resume()
         elif isinstance(effect, ResumeSession):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):
