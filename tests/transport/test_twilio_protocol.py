@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from duplex.bench.playout import Playout
 from duplex.config import Settings
 from duplex.media import float_to_g711, ulaw_decode, ulaw_encode
 from duplex.transport.effects import (
@@ -427,3 +428,64 @@ def test_twiml_connects_the_call_to_the_stream():
 def test_bad_telephony_settings_are_refused(section):
     with pytest.raises(ValidationError):
         Settings.model_validate({"telephony": section})
+
+
+class Phone:
+    """Twilio and the caller's phone on one simulated clock: what the bridge sends plays in
+    real time (duplex.bench.playout), each mark comes back the moment playback reaches it, and
+    a clear empties the buffer at once and gives back the marks it dropped."""
+
+    def __init__(self, p: TwilioProtocol, peer: Peer) -> None:
+        self.p, self.peer = p, peer
+        self.playout = Playout()
+
+    def carry(self, now: int, effects) -> None:
+        for event in sent(effects):
+            if event["event"] == "media":
+                pcm = ulaw_decode(base64.b64decode(event["media"]["payload"])) / 32768
+                self.playout.push(now, pcm.astype(np.float32), "reply")
+            elif event["event"] == "mark":
+                self.playout.mark(now, event["mark"]["name"])
+            elif event["event"] == "clear":
+                for name in self.playout.clear(now):
+                    self.peer.mark(name)
+
+    def run(self, start: int, end: int, vad: dict[int, list[float]]) -> None:
+        """From `start` to `end`: the session loop's 20 ms ticks, the marks' echoes at their
+        own times, and the speech probabilities `vad` holds for some ticks."""
+        now = start
+        while now < end:
+            for name in self.playout.reached(now):
+                self.peer.mark(name)
+            if now in vad:
+                self.carry(now, self.p.on_vad(vad[now]))
+            self.carry(now, self.p.release_output(now))
+            tick = now - now % FRAME + FRAME
+            echo = self.playout.next_mark()
+            now = echo if echo is not None and now < echo < tick else tick
+
+
+def test_a_cough_over_a_call_stops_what_the_caller_hears_at_the_pause_and_all_of_it_is_heard_once():
+    p, peer = started(output_lead_ms=200, min_interruption_ms=400, resume_gap_ms=200)
+    epoch = in_reply(p, peer)
+    reply = np.sin(np.arange(8000 * 3) * 0.013).astype(np.float32) * 0.5
+    for i in range(0, len(reply), 640):
+        p.on_engine_audio(epoch, reply[i : i + 640], "w ")
+    p.on_engine_finished(epoch)
+    phone = Phone(p, peer)
+    # 1 s into the reply, a cough of one VAD chunk, then quiet: judged false 400 ms on.
+    cough = 8000 + 37
+    phone.run(0, cough, {})
+    heard_at = cough - cough % FRAME + FRAME
+    vad = {heard_at: [SPEECH]} | {t: [QUIET] for t in range(heard_at + FRAME, 16000, 2 * FRAME)}
+    phone.run(cough, 8000 * 5, vad)
+    assert p.core.false_interruptions == 1 and len(phone.playout.clears) == 1
+    # Stopped the moment the speech was heard (not 400 ms later), resumed after the judgement,
+    # and heard whole: every sample once.
+    [cleared] = phone.playout.clears
+    assert cleared == heard_at
+    assert phone.playout.stopped(cough, "reply") == cleared
+    wire = ulaw_decode(float_to_g711(reply, "ulaw")) / 32768
+    assert np.array_equal(phone.playout.heard("reply"), wire.astype(np.float32))
+    [(gap_from, gap_to)] = phone.playout.breaks("reply")
+    assert gap_from == cleared and gap_to > cough + 400 * 8

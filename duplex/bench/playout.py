@@ -1,0 +1,113 @@
+"""What a listener plays, on the listener's own clock: the playback side of the bench's and the
+tests' peers (a phone behind Twilio, a WebSocket client, a WebRTC peer).
+
+Pure: every call takes `now`, a sample count on the listener's clock, so a test drives it with
+any clock it likes and the peers pass their wall clock. Audio plays back to back in real time
+from when it arrives (or from when what came before it ends), as a phone's or a browser's
+buffer plays it; `clear` drops what has not played yet, at once, as Twilio's `clear` and a
+client's flush at `speech_started` do; a mark comes back when playback reaches it, or at once
+when a clear drops it, as Twilio's do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Segment:
+    start: int
+    """Clock sample at which its first sample plays."""
+    pcm: np.ndarray
+    tag: Any
+    """Whose audio it is (a reply's id), or None (silence, or not known)."""
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.pcm)
+
+
+class Playout:
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.end = 0
+        """Clock sample at which what is queued runs out."""
+        self._marks: deque[tuple[int, str]] = deque()
+        self.clears: list[int] = []
+
+    def push(self, now: int, pcm: np.ndarray, tag: Any = None) -> int:
+        """Queue `pcm` to play after what is queued; returns the clock sample it starts at."""
+        start = max(now, self.end)
+        if len(pcm):
+            self.segments.append(Segment(start, np.asarray(pcm, np.float32), tag))
+            self.end = start + len(pcm)
+        return start
+
+    def mark(self, now: int, name: str) -> int:
+        """A mark after what is queued; returns the clock sample at which playback reaches it."""
+        at = max(now, self.end)
+        self._marks.append((at, name))
+        return at
+
+    def next_mark(self) -> int | None:
+        """When playback reaches the first mark still pending."""
+        return self._marks[0][0] if self._marks else None
+
+    def reached(self, now: int) -> list[str]:
+        """The marks playback has reached by `now` (each once), in order."""
+        out = []
+        while self._marks and self._marks[0][0] <= now:
+            out.append(self._marks.popleft()[1])
+        return out
+
+    def clear(self, now: int) -> list[str]:
+        """Drop what has not played by `now`; returns the marks still pending (the ones played
+        first: call `reached` before)."""
+        dropped = self.reached(now) + [name for _, name in self._marks]
+        self._marks.clear()
+        self.clears.append(now)
+        kept = []
+        for s in self.segments:
+            if s.end <= now:
+                kept.append(s)
+            elif s.start < now:
+                kept.append(Segment(s.start, s.pcm[: now - s.start], s.tag))
+        self.segments = kept
+        self.end = min(self.end, now)
+        return dropped
+
+    def playing(self, now: int, tag: Any = None) -> bool:
+        """Whether a sample (of `tag`, if given) plays at `now`."""
+        return any(s.start <= now < s.end and (tag is None or s.tag == tag)
+                   for s in reversed(self.segments))
+
+    def tag_at(self, now: int) -> Any:
+        return next((s.tag for s in reversed(self.segments) if s.start <= now < s.end), None)
+
+    def stopped(self, since: int, tag: Any) -> int | None:
+        """Where playback of `tag` that was under way at `since` stopped: the end of its last
+        sample played without a break from there. None if none played at `since`."""
+        run = [s for s in self.segments if s.tag == tag and s.end > since]
+        if not run or run[0].start > since:
+            return None
+        end = run[0].end
+        for s in run[1:]:
+            if s.start != end:
+                break
+            end = s.end
+        return end
+
+    def heard(self, tag: Any, now: int | None = None) -> np.ndarray:
+        """Every sample of `tag` played (by `now`), in the order played, breaks left out."""
+        parts = [s.pcm if now is None or s.end <= now else s.pcm[: max(0, now - s.start)]
+                 for s in self.segments if s.tag == tag]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def breaks(self, tag: Any) -> list[tuple[int, int]]:
+        """(from, to) on the clock of every gap in the playback of `tag`."""
+        mine = [s for s in self.segments if s.tag == tag]
+        return [(a.end, b.start) for a, b in zip(mine, mine[1:], strict=False) if b.start > a.end]
