@@ -65,10 +65,10 @@ class Playout:
         return out
 
     def clear(self, now: int) -> list[str]:
-        """Drop what has not played by `now`; returns the marks still pending (the ones played
-        first: call `reached` before)."""
-        dropped = self.reached(now) + [name for _, name in self._marks]
-        self._marks.clear()
+        """Drop what has not played by `now`; returns the marks it dropped (those playback had
+        not reached: the others are still for `reached`)."""
+        dropped = [name for at, name in self._marks if at > now]
+        self._marks = deque((at, name) for at, name in self._marks if at <= now)
         self.clears.append(now)
         kept = []
         for s in self.segments:
@@ -100,6 +100,22 @@ class Playout:
                 break
             end = s.end
         return end
+
+    def between(self, a: int, b: int) -> np.ndarray:
+        """What played from clock sample `a` to `b`, whoever's (silence where nothing did): what
+        a loudspeaker gave out then."""
+        out = np.zeros(b - a, np.float32)
+        for s in reversed(self.segments):
+            if s.end <= a:
+                break
+            lo, hi = max(a, s.start), min(b, s.end)
+            if lo < hi:
+                out[lo - a : hi - a] = s.pcm[lo - s.start : hi - s.start]
+        return out
+
+    def played(self, now: int) -> int:
+        """Samples played by `now`, whoever's."""
+        return sum(min(len(s.pcm), max(0, now - s.start)) for s in self.segments)
 
     def heard(self, tag: Any, now: int | None = None) -> np.ndarray:
         """Every sample of `tag` played (by `now`), in the order played, breaks left out."""

@@ -33,7 +33,8 @@ def test_a_clear_drops_what_has_not_played_at_once_and_gives_back_its_marks():
     p.mark(0, "a")
     p.push(0, ramp(800, 1600), "r0")
     p.mark(0, "b")
-    assert p.clear(1000) == ["a", "b"]
+    # "a" was played before the clear (it comes back as played); "b" is dropped.
+    assert p.clear(1000) == ["b"] and p.reached(1000) == ["a"]
     assert not p.playing(1000) and p.end == 1000
     assert np.array_equal(p.heard("r0"), ramp(0, 1000))
     # Playback of the reply under way at 300 stopped at the clear.
@@ -71,3 +72,13 @@ def test_what_played_is_never_more_than_the_time_passed_nor_out_of_order(steps):
     # Played in order, each sample at most once, no faster than real time.
     assert np.all(np.diff(heard) > 0)
     assert len(heard) <= now
+
+
+def test_what_a_loudspeaker_gave_out_between_two_times():
+    p = Playout()
+    p.push(100, ramp(1, 161), "r0")
+    p.push(400, ramp(161, 321), "r1")
+    out = p.between(200, 500)
+    assert np.array_equal(out[:60], ramp(101, 161)) and not out[60:200].any()
+    assert np.array_equal(out[200:], ramp(161, 261))
+    assert p.played(450) == 160 + 50
