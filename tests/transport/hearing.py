@@ -77,6 +77,24 @@ def played_parts(playout: Playout, tag) -> list[np.ndarray]:
     return np.split(playout.heard(tag), cuts)
 
 
+def split_at_silence(pcm: np.ndarray, rate: int, min_s: float = 0.02) -> list[np.ndarray]:
+    """`pcm` cut where it falls silent for `min_s` or more: a held track plays digital silence
+    (Opus gives it back as zeros), which speech has none of, for as little as one frame."""
+    n = rate // 100
+    quiet = np.sqrt((pcm[: len(pcm) // n * n].reshape(-1, n) ** 2).mean(axis=1)) < SOUNDING / 100
+    parts, start, i = [], 0, 0
+    while i < len(quiet):
+        j = i
+        while j < len(quiet) and quiet[j]:
+            j += 1
+        if j - i >= min_s * 100:
+            parts.append(pcm[start * n : i * n])
+            start = j
+        i = j + 1
+    parts.append(pcm[start * n :])
+    return [p for p in parts if len(trimmed(p))]
+
+
 def hearing(parts: list[np.ndarray], reference: np.ndarray, rate: int) -> Hearing:
     """How `parts` (what was played, in order, its breaks between them) heard `reference`."""
     parts = [t for p in parts if len(t := trimmed(p)) > rate // 50]
