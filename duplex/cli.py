@@ -103,6 +103,10 @@ def _bench(args: argparse.Namespace) -> int:
         from duplex.bench.duplex_mode import run_cli
 
         return run_cli(args, settings, model)
+    if args.listener:
+        from duplex.bench.listener import run_cli as run_listener
+
+        return run_listener(args, settings, model)
     report = bench(
         model,
         settings.model.cache_dir,
@@ -328,6 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="with --mode duplex: one session for STEPS frames on a simulated clock, reporting "
         "the bytes it holds (flat once the model's windows fill)",
+    )
+    bench.add_argument(
+        "--listener",
+        action="store_true",
+        help="measure at listeners that play what they receive in real time, per transport: "
+        "how long they go on hearing a reply after talking over it (a cough, then a sentence, "
+        "in turn), and whether a coughed-over reply resumes whole",
+    )
+    bench.add_argument(
+        "--transports",
+        default="twilio,webrtc,websocket",
+        metavar="LIST",
+        help="with --listener: which transports, comma-separated (default all three)",
     )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
