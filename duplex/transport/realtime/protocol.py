@@ -89,7 +89,7 @@ class Limits:
     max_message_bytes: int = 1 << 20
     max_input_lead_ms: int = 5000
     """How far appended audio may run ahead of real time before appends are refused."""
-    output_lead_ms: int = 200
+    output_lead_ms: int = 100
     max_errors: int = 100
     """Errors one connection may cause before it is closed (1008) as abusive."""
 
