@@ -342,9 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--transports",
-        default="twilio,webrtc,websocket",
+        default="twilio,webrtc,websocket,websocket_paused",
         metavar="LIST",
-        help="with --listener: which transports, comma-separated (default all three)",
+        help="with --listener: which transports, comma-separated (default all): twilio, webrtc, "
+        "websocket (a client that flushes its playout at speech_started), websocket_paused "
+        "(one that also pauses it at duplex.output.paused)",
     )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)

@@ -17,7 +17,7 @@ import asyncio
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +33,8 @@ from duplex.transport.realtime.protocol import Limits
 from duplex.transport.twilio.protocol import Options
 from duplex.transport.webrtc.calls import CallRegistry
 
-TRANSPORTS = ("twilio", "webrtc", "websocket")
+TRANSPORTS = ("twilio", "webrtc", "websocket", "websocket_paused")
+"""websocket_paused: a WebSocket client that also pauses its playout at duplex.output.paused."""
 COUGH_S = 0.15
 REPLY_WAIT_S = 8.0
 """A turn whose reply has not begun playing by then is given up and the caller speaks again."""
@@ -69,10 +70,9 @@ async def _until(condition, timeout_s: float):
 
 
 def _first_new_reply(peer: Peer, after: int, seen: set) -> tuple[object, int] | None:
-    for s in peer.playout.segments:
-        if s.tag is not None and s.tag not in seen and s.start >= after:
-            return s.tag, s.start
-    return None
+    """A reply not `seen` before whose audio began playing at `after` or later."""
+    return next(((tag, start) for tag, start in peer.playout.first.items()
+                 if tag is not None and tag not in seen and start >= after), None)
 
 
 async def converse(peer: Peer, rng: random.Random, end_s: float) -> list[Barge]:
@@ -107,7 +107,7 @@ async def converse(peer: Peer, rng: random.Random, end_s: float) -> list[Barge]:
             barges.append(Barge("cough", onset, reply))
             await _until(lambda r=reply: not any(
                 s.tag == r and s.end > peer.now() - QUIET_AFTER_S * rate
-                for s in peer.playout.segments[-50:]), 20.0)
+                for s in peer.playout.segments[-100:]), 20.0)
             at = peer.next_frame() + rate // 2
         else:
             at = onset
@@ -121,12 +121,17 @@ def judge(peer: Peer, barge: Barge) -> dict | None:
     """What the listener heard of the reply `barge` talked over; None if none of it was playing
     when the sound began."""
     rate, p = peer.rate, peer.playout
-    stop = p.stopped(barge.onset, barge.reply)
-    if stop is None:
+    if not p.playing(barge.onset, barge.reply):
         return None
-    out = {"kind": barge.kind, "stop_ms": (stop - barge.onset) * 1000 / rate}
-    pause = next((t for t in peer.pauses if barge.onset - peer.frame <= t), None)
-    if pause is not None and pause - barge.onset < 5 * rate:
+    pause = next((t for t in peer.pauses if barge.onset <= t < barge.onset + 5 * rate), None)
+    # What the server sent before the pause may play on; what it sent after is the resumed
+    # reply. With no pause (the sound was not taken for speech), the reply played on to its
+    # end, or to a break.
+    stop = (p.stopped(barge.onset, barge.reply) if pause is None
+            else p.last_played(barge.reply, pause))
+    out = {"kind": barge.kind, "stop_ms": (stop - barge.onset) * 1000 / rate,
+           "paused": pause is not None}
+    if pause is not None:
         out["pause_ms"] = (pause - barge.onset) * 1000 / rate
     if isinstance(peer, WebRTCPeer):
         path = peer.path_ms(stop)
@@ -146,7 +151,8 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
     seconds = duration_s + 40
     registry = None
     if transport == "webrtc":
-        registry = CallRegistry(lambda: engine, lambda: vad, _limits(settings), engine.model.name,
+        limits = replace(_limits(settings), output_lead_ms=settings.webrtc.output_lead_ms)
+        registry = CallRegistry(lambda: engine, lambda: vad, limits, engine.model.name,
                                 SessionHub(), settings.webrtc)
     metrics = Metrics(engine.model.name)
     peers: list[Peer] = []
@@ -158,8 +164,9 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
                               min_interruption_ms=ts.min_interruption_ms,
                               noise_reduction=ts.noise_reduction or None)
             peers.append(TwilioPeer(name, engine, vad, options, metrics, seconds))
-        elif transport == "websocket":
-            peers.append(RealtimePeer(name, engine, vad, _limits(settings), seconds))
+        elif transport.startswith("websocket"):
+            peers.append(RealtimePeer(name, engine, vad, _limits(settings), seconds,
+                                      follows_pauses=transport == "websocket_paused"))
         else:
             peers.append(WebRTCPeer(registry, seconds))
     try:
@@ -185,6 +192,7 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
         "cough_stop_ms": percentiles([j["stop_ms"] for j in coughs]),
         "speech_stop_ms": percentiles([j["stop_ms"] for j in judged if j["kind"] == "speech"]),
         "pause_ms": percentiles([j["pause_ms"] for j in judged if "pause_ms" in j]),
+        "unpaused": sum(not j["paused"] for j in judged),
         "coughs": len(coughs),
         "coughs_resumed": sum(j["resumed"] for j in coughs),
         "coughs_heard_whole": sum(j["heard_whole"] for j in coughs),
@@ -225,6 +233,7 @@ def bench(model_name: str, settings, sessions: int, duration_s: float,
         model = engine.model
         return {"model": model.name, "device": model.device, "duration_s": duration_s,
                 "seed": seed, "lead_ms": {"telephony": settings.telephony.output_lead_ms,
+                                          "webrtc": settings.webrtc.output_lead_ms,
                                           "realtime": settings.realtime.output_lead_ms},
                 "transports": results}
     finally:
@@ -249,6 +258,7 @@ def table(report: dict) -> str:
     row("  over speech", lambda m: pqn(m["speech_stop_ms"]))
     row("peer's own receive path ms p50/p95", lambda m: pqn(m.get("path_ms")))
     row("onset -> pause seen at the peer ms", lambda m: pqn(m["pause_ms"]))
+    row("talked over with no pause", lambda m: str(m["unpaused"]))
     row("coughs: resumed / heard whole / all",
         lambda m: f"{m['coughs_resumed']} / {m['coughs_heard_whole']} / {m['coughs']}")
     row("microphone frames late ms p50/p95", lambda m: pqn(m["mic_late_ms"]))
@@ -257,7 +267,7 @@ def table(report: dict) -> str:
     lead = report["lead_ms"]
     lines.append(f"model {report['model']} on {report['device']}, {report['duration_s']:g} s per "
                  f"transport, seed {report['seed']}; output lead {lead['telephony']} ms "
-                 f"(telephony), {lead['realtime']} ms (realtime)")
+                 f"(telephony), {lead['webrtc']} ms (webrtc), {lead['realtime']} ms (realtime)")
     return "\n".join(lines)
 
 

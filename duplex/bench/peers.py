@@ -8,7 +8,9 @@ placed on it (`say`) frame by frame once each frame could have been captured, an
 - Twilio: media plays back to back; each mark comes back when playback reaches it; a `clear`
   empties the buffer at once and its marks come back at once.
 - WebSocket: audio deltas play back to back; `input_audio_buffer.speech_started` flushes what
-  has not played, as LiveKit, Pipecat and the OpenAI Agents SDK do.
+  has not played, as LiveKit, Pipecat and the OpenAI Agents SDK do. One that knows this
+  server's extension also pauses its playout at `duplex.output.paused` and resumes it at
+  `duplex.output.resumed`.
 - WebRTC: what aiortc's receiver hands out plays as it comes (its jitter buffer is the
   playout). The server's reply track is tapped for when it sent each frame and what it
   carried, so the peer knows each frame's reply and its own receive path (send to play).
@@ -179,14 +181,20 @@ class TwilioPeer(Peer):
 
 
 class RealtimePeer(Peer):
-    """A WebSocket client of the Realtime API, in process (the same session loop)."""
+    """A WebSocket client of the Realtime API, in process (the same session loop). With
+    `follows_pauses` it also stops its playout at `duplex.output.paused`, keeping what it had
+    not played, and plays that on at `duplex.output.resumed` (this server's extension)."""
 
     rate, frame = 24000, 480
 
-    def __init__(self, name: str, engine, vad, limits: Limits, seconds: float) -> None:
+    def __init__(self, name: str, engine, vad, limits: Limits, seconds: float, *,
+                 follows_pauses: bool = False) -> None:
         super().__init__(seconds)
         self.session = RealtimeSession(engine, vad, limits, engine.model.name, self._receive,
                                        session_id=name, duplex_events=True)
+        self.follows_pauses = follows_pauses
+        self._held: list[tuple[np.ndarray, object]] | None = None
+        """What it stopped playing at a pause, while paused."""
 
     async def start(self) -> None:
         self._serve()
@@ -207,13 +215,23 @@ class RealtimePeer(Peer):
         if kind == "response.output_audio.delta":
             pcm = np.frombuffer(base64.b64decode(event["delta"]), "<i2").astype(np.float32) / 32768
             rid = event["response_id"]
-            self.playout.push(now, pcm, rid)
+            if self._held is not None:
+                self._held.append((pcm, rid))
+            else:
+                self.playout.push(now, pcm, rid)
             self.reply_samples[rid] = self.reply_samples.get(rid, 0) + len(pcm)
         elif kind == "input_audio_buffer.speech_started":
             # What has not played never will: the client drops its buffer.
             self.playout.clear(now)
+            self._held = None
         elif kind == "duplex.output.paused":
             self.pauses.append(now)
+            if self.follows_pauses:
+                self._held = self.playout.take(now)
+        elif kind == "duplex.output.resumed" and self._held is not None:
+            for pcm, rid in self._held:
+                self.playout.push(now, pcm, rid)
+            self._held = None
 
 
 class _Microphone(MediaStreamTrack):
@@ -305,7 +323,8 @@ class WebRTCPeer(Peer):
             pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)])
             k = frame.pts // self.frame
             reply = self._reply_in(k)
-            start = self.playout.push(now, pcm, reply)
+            sent = int((self.sent[k][0] - self.t0) * self.rate) if k < len(self.sent) else now
+            start = self.playout.push(now, pcm, reply, sent)
             if reply is not None:
                 self.frames[start] = (k, received)
                 self.paths_ms.append((received - self.sent[k][0]) * 1000)

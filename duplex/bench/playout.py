@@ -25,6 +25,9 @@ class Segment:
     pcm: np.ndarray
     tag: Any
     """Whose audio it is (a reply's id), or None (silence, or not known)."""
+    sent: int
+    """Clock sample at which the server sent it, as far as the listener can tell (when it
+    arrived, unless the listener knows better)."""
 
     @property
     def end(self) -> int:
@@ -38,13 +41,17 @@ class Playout:
         """Clock sample at which what is queued runs out."""
         self._marks: deque[tuple[int, str]] = deque()
         self.clears: list[int] = []
+        self.first: dict[Any, int] = {}
+        """Clock sample at which each tag's audio first played."""
 
-    def push(self, now: int, pcm: np.ndarray, tag: Any = None) -> int:
+    def push(self, now: int, pcm: np.ndarray, tag: Any = None, sent: int | None = None) -> int:
         """Queue `pcm` to play after what is queued; returns the clock sample it starts at."""
         start = max(now, self.end)
         if len(pcm):
-            self.segments.append(Segment(start, np.asarray(pcm, np.float32), tag))
+            self.segments.append(Segment(start, np.asarray(pcm, np.float32), tag,
+                                         now if sent is None else sent))
             self.end = start + len(pcm)
+            self.first.setdefault(tag, start)
         return start
 
     def mark(self, now: int, name: str) -> int:
@@ -70,23 +77,42 @@ class Playout:
         dropped = [name for at, name in self._marks if at > now]
         self._marks = deque((at, name) for at, name in self._marks if at <= now)
         self.clears.append(now)
-        kept = []
+        self.take(now)
+        return dropped
+
+    def take(self, now: int) -> list[tuple[np.ndarray, Any]]:
+        """Stop playing at `now`: what had not played comes back, (audio, tag) in order, for a
+        player that pauses to queue again when it resumes."""
+        kept, taken = [], []
         for s in self.segments:
             if s.end <= now:
                 kept.append(s)
-            elif s.start < now:
-                kept.append(Segment(s.start, s.pcm[: now - s.start], s.tag))
+                continue
+            if s.start < now:
+                kept.append(Segment(s.start, s.pcm[: now - s.start], s.tag, s.sent))
+            taken.append((s.pcm[max(0, now - s.start) :], s.tag))
         self.segments = kept
         self.end = min(self.end, now)
-        return dropped
+        return taken
+
+    def _at(self, now: int) -> Segment | None:
+        """The segment playing at `now` (they play in order: the search stops at the first
+        that ended by then)."""
+        for s in reversed(self.segments):
+            if s.end <= now:
+                return None
+            if s.start <= now:
+                return s
+        return None
 
     def playing(self, now: int, tag: Any = None) -> bool:
         """Whether a sample (of `tag`, if given) plays at `now`."""
-        return any(s.start <= now < s.end and (tag is None or s.tag == tag)
-                   for s in reversed(self.segments))
+        s = self._at(now)
+        return s is not None and (tag is None or s.tag == tag)
 
     def tag_at(self, now: int) -> Any:
-        return next((s.tag for s in reversed(self.segments) if s.start <= now < s.end), None)
+        s = self._at(now)
+        return None if s is None else s.tag
 
     def stopped(self, since: int, tag: Any) -> int | None:
         """Where playback of `tag` that was under way at `since` stopped: the end of its last
@@ -116,6 +142,12 @@ class Playout:
     def played(self, now: int) -> int:
         """Samples played by `now`, whoever's."""
         return sum(min(len(s.pcm), max(0, now - s.start)) for s in self.segments)
+
+    def last_played(self, tag: Any, sent_by: int) -> int | None:
+        """Where playback of what the server sent of `tag` by `sent_by` ended: the end of its
+        last sample played (a clear or a flush may have cut it short)."""
+        return max((s.end for s in self.segments if s.tag == tag and s.sent <= sent_by),
+                   default=None)
 
     def heard(self, tag: Any, now: int | None = None) -> np.ndarray:
         """Every sample of `tag` played (by `now`), in the order played, breaks left out."""

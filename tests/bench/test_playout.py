@@ -82,3 +82,29 @@ def test_what_a_loudspeaker_gave_out_between_two_times():
     assert np.array_equal(out[:60], ramp(101, 161)) and not out[60:200].any()
     assert np.array_equal(out[200:], ramp(161, 261))
     assert p.played(450) == 160 + 50
+
+
+def test_a_player_that_pauses_takes_back_what_it_had_not_played_and_plays_it_on_later():
+    p = Playout()
+    p.push(0, ramp(0, 300), "r0")
+    p.push(0, ramp(300, 500), "r0")
+    taken = p.take(200)
+    assert [(list(a[[0, -1]]), tag) for a, tag in taken] == [([200, 299], "r0"), ([300, 499], "r0")]
+    assert not p.playing(250)
+    for pcm, tag in taken:
+        p.push(700, pcm, tag)
+    assert np.array_equal(p.heard("r0"), ramp(0, 500)) and p.breaks("r0") == [(200, 700)]
+
+
+def test_where_playback_of_what_was_sent_before_a_pause_ended():
+    p = Playout()
+    p.push(0, ramp(0, 300), "r0")
+    p.push(100, ramp(300, 400), "r0")
+    # Sent after the pause at 150: the resumed reply, which does not count.
+    p.push(900, ramp(400, 500), "r0")
+    assert p.last_played("r0", 150) == 400 and p.last_played("r0", 10_000) == 1000
+    p.clear(350)
+    assert p.last_played("r0", 150) == 350
+    # A listener that knows when the server sent each piece says so.
+    p.push(2000, ramp(500, 600), "r1", sent=1500)
+    assert p.last_played("r1", 1600) == 2100 and p.last_played("r1", 1400) is None
