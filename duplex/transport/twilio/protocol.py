@@ -394,7 +394,7 @@ class TwilioProtocol:
                 self.clock.forget_speech()
         self._apply_core_events(out, events)
         if barged is not None:
-            # Timed from the speech's onset to the clear just sent.
+            # Timed from the speech's onset to the cut (the phone was cleared at the pause).
             out.append(barged)
 
     def _clear(self, out: list[Effect]) -> bool:
