@@ -140,9 +140,9 @@ def judge(peer: Peer, barge: Barge) -> dict | None:
     if barge.kind == "cough":
         length = peer.reply_length(barge.reply)
         out["resumed"] = any(s.tag == barge.reply and s.start > stop for s in p.segments)
-        heard = len(p.heard(barge.reply))
-        # Within two frames: a reply's last frame is padded, and WebRTC's are whole frames.
-        out["heard_whole"] = length is not None and abs(heard - length) <= 2 * peer.frame
+        # Within a frame: a reply's last frame is padded (Twilio).
+        out["heard_whole"] = (length is not None
+                              and abs(peer.heard_samples(barge.reply) - length) <= peer.frame)
     return out
 
 

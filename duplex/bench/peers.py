@@ -90,6 +90,10 @@ class Peer:
         """Samples (at the peer's rate) of reply `reply` as the server produced it."""
         return self.reply_samples.get(reply)
 
+    def heard_samples(self, reply: object) -> int:
+        """Samples (at the peer's rate) of reply `reply` the listener played."""
+        return len(self.playout.heard(reply))
+
     def _keep_reply_lengths(self) -> None:
         """Before the session closes (its core forgets its replies then): each reply's length,
         by its id on the core, which is how this peer tags them."""
@@ -334,10 +338,20 @@ class WebRTCPeer(Peer):
         if k >= len(self.sent) or (k and self.sent[k][1] == self.sent[k - 1][1]) or k == 0:
             return None
         position = self.sent[k][1] - 1
-        for r in self.call.session.protocol.core.responses:
+        # Newest first: a reply cut short gives the positions past its cut to the next one.
+        for r in reversed(self.call.session.protocol.core.responses):
             if r.start_sample <= position < r.start_sample + max(r.sent_samples, r.delivered_samples):
                 return r.id
         return None
+
+    def heard_samples(self, reply: object) -> int:
+        """What the frames of `reply` it played carried of it, by the server's track: a frame
+        is played whole, though the reply may fill only part of it (where it starts, holds,
+        resumes, ends)."""
+        carried = sum(self.sent[k][1] - self.sent[k - 1][1]
+                      for start, (k, _) in self.frames.items()
+                      if self.playout.tag_at(start) == reply)
+        return carried * self.rate // 24000
 
     def path_ms(self, stop: int) -> float | None:
         """The receive path of the reply frame that ended at clock sample `stop`."""
