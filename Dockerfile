@@ -29,11 +29,16 @@ RUN pip install --no-cache-dir -e .
 # The embedded default model (tiny, random weights) so the image serves out of the box; real
 # checkpoints are mounted and named with --model PATH. Nothing is downloaded at run time.
 RUN duplex models build tiny-omni
+# semantic_vad's end-of-turn model (Smart Turn v3.2, BSD 2-Clause), out of the pipecat-ai wheel
+# on PyPI, its SHA-256 checked, with its licence beside it.
+RUN duplex models build smart-turn
 
 # configs/ is read from here: mount your own over it.
 VOLUME ["/app/configs"]
 EXPOSE 8080
+# Alive unless the engine is down: /healthz also answers 503 "full" while the server would
+# refuse a new session (for load balancers), and a full server is a healthy one.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
-  CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"
+  CMD python3 -c "import http.client as h, json, sys; c = h.HTTPConnection('127.0.0.1', 8080, timeout=2); c.request('GET', '/healthz'); sys.exit(json.load(c.getresponse())['status'] == 'engine_down')"
 ENTRYPOINT ["duplex", "serve", "--host", "0.0.0.0"]
 CMD []

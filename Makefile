@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TEST_SYSTEM_PACKAGES := chromium redis-server espeak-ng
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test test-fast bench bench-gpu lint system-deps
+.PHONY: serve test test-fast bench gpu-wheels gpu-check lint system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,32 +32,49 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The embedded default serves the tiny random-weight Qwen3-Omni; build it on first start.
+# The embedded default serves the tiny random-weight Qwen3-Omni; build it on first start, and
+# fetch semantic_vad's end-of-turn model (Smart Turn v3.2, from the pipecat-ai wheel on PyPI).
 serve: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(VENV)/bin/duplex serve
 
 test: $(VENV)/.test system-deps
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(PY) -m pytest -q --durations=25
 
 # The inner loop: everything but the tests marked slow (real servers, browsers, clients).
 test-fast: $(VENV)/.test system-deps
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing
+	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(VENV)/bin/duplex bench --baseline per-session
 
-# On a CUDA machine (pip's torch==2.13.0 for Linux is the CUDA build): Qwen3-Omni-30B-A3B's
-# widths at full depth with random weights, built in GPU memory when the engine starts (its
-# 66 GiB checkpoint need not fit on the disk), in bf16 with the code predictor as CUDA graphs;
-# the largest real-time session counts of batched and per-session modes go to BENCH_GPU_JSON.
-BENCH_GPU_JSON ?= bench-gpu.json
-bench-gpu: $(VENV)/.runtime
-	@$(PY) -c "import sys, torch; sys.exit(None if torch.cuda.is_available() else \
-	  'bench-gpu needs a CUDA device; torch ' + torch.__version__ + ' sees none')"
-	DUPLEX_ENGINE__CUDA_GRAPHS=true $(VENV)/bin/duplex bench --model shaped:qwen3-omni-30b-a3b \
-	  --dtype bfloat16 --find-max --duration 8 --max-sessions 64 --json $(BENCH_GPU_JSON)
+# The first run on a GPU host (duplex/gpucheck; README, "The GPU check"). The host has its own
+# CUDA torch and no package index: what its image lacks comes as wheels, downloaded here.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= gpu-wheels
+GPU_CHECK_OUT ?= gpu-check-out
+GPU_CHECK_DEVICE ?= cuda
+
+# On a machine with the package index: x86-64 manylinux wheels for the host's CPython.
+gpu-wheels: | $(PY)
+	$(PY) -m duplex.gpucheck.wheels --python-version $(GPU_PYTHON) --dest $(GPU_WHEELS)
+
+# On the GPU host: its own python3 and torch, no venv, no network (make is optional there:
+# `python3 -m duplex.gpucheck` is the same). GPU_CHECK_DEVICE=cpu runs the same check here,
+# small, with this checkout's venv and wheels for its CPython.
+ifeq ($(GPU_CHECK_DEVICE),cpu)
+gpu-check: $(VENV)/.runtime
+	$(MAKE) gpu-wheels GPU_PYTHON=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	$(PY) -m duplex.gpucheck --device cpu --wheels $(GPU_WHEELS) --out $(GPU_CHECK_OUT)
+else
+gpu-check:
+	python3 -m duplex.gpucheck --device $(GPU_CHECK_DEVICE) --wheels $(GPU_WHEELS) --out $(GPU_CHECK_OUT)
+endif
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .

@@ -41,9 +41,16 @@ class CallResult:
     ttfa_ms: list[float] = field(default_factory=list)
 
 
+TURN_DETECTION = "semantic_vad"
+"""How `duplex call` asks the server to end its turns: when the end-of-turn model judges the
+speech complete (or after its longest wait, 4 s), not the Realtime API's default server_vad."""
+
+
 async def call(url: str, audio: np.ndarray, barge_in_at: float | None = None,
-               tail_s: float = 3.0, timeout_s: float = 120.0, api_key: str | None = None) -> CallResult:
-    """Send `audio` paced at real time, then silence until the replies are done."""
+               tail_s: float = 5.0, timeout_s: float = 120.0, api_key: str | None = None,
+               turn_detection: str = TURN_DETECTION) -> CallResult:
+    """Send `audio` paced at real time, then silence until the replies are done (at least
+    `tail_s`, which outlasts semantic_vad's longest wait)."""
     result = CallResult()
     stream = audio
     if barge_in_at is not None:
@@ -56,6 +63,8 @@ async def call(url: str, audio: np.ndarray, barge_in_at: float | None = None,
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with websockets.connect(url, additional_headers=headers, max_size=None,
                                   compression=None) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"turn_detection": {"type": turn_detection}}}}}))
         t0 = time.monotonic()
         speech_end_ms: list[int] = []
         first_delta_after: set[int] = set()

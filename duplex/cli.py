@@ -12,6 +12,7 @@ from typing import Any
 from duplex import __version__
 from duplex.config import ConfigError, load_settings
 from duplex.engine.process import EngineStartFailed
+from duplex.smart_turn.weights import WeightsUnavailable
 from models.registry import (
     SHAPED,
     TINY,
@@ -55,6 +56,17 @@ def _quiet_transformers() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+def resolve_turn_model(name: str, cache_dir: str) -> None:
+    """Make sure semantic_vad's end-of-turn model is on disk before the server starts: the
+    default one is fetched on first use (a few seconds, from PyPI)."""
+    from duplex.smart_turn import weights
+
+    if name == weights.NAME and not weights.verified(weights.weights_path(cache_dir)):
+        print(f"duplex: fetching {name} into {weights.weights_path(cache_dir).parent} "
+              f"(first use, from the {weights.WHEEL} wheel)", file=sys.stderr, flush=True)
+    weights.resolve(name, cache_dir)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from duplex.serve import serve
 
@@ -72,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, cli=cli)
     # Before the server starts, so a wrong --model is one line, not a failed startup.
     resolve_model(settings.model.name, settings.model.cache_dir)
+    resolve_turn_model(settings.turns.model, settings.model.cache_dir)
     serve(settings)
     return 0
 
@@ -83,7 +96,8 @@ def _call(args: argparse.Namespace) -> int:
 
     audio = read_audio(args.input)
     result = asyncio.run(
-        call(args.url, audio, barge_in_at=args.barge_in_at, api_key=args.api_key)
+        call(args.url, audio, barge_in_at=args.barge_in_at, api_key=args.api_key,
+             turn_detection=args.turn_detection)
     )
     write_wav(args.output, bytes(result.reply))
     print_timeline(result)
@@ -103,6 +117,8 @@ def _bench(args: argparse.Namespace) -> int:
         from duplex.bench.duplex_mode import run_cli
 
         return run_cli(args, settings, model)
+    if args.turns:
+        return _bench_turns(args, settings, model)
     if args.listener:
         from duplex.bench.listener import run_cli as run_listener
 
@@ -124,6 +140,32 @@ def _bench(args: argparse.Namespace) -> int:
         arrivals=args.arrivals,
         seed=args.seed,
         pin_cpus=settings.engine.pin_cpus,
+        batched_only=args.batched_only,
+        kv_memory=settings.engine.kv_memory,
+        kv_sessions=args.kv_sessions,
+        rounds=args.rounds,
+    )
+    print(table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_turns(args: argparse.Namespace, settings, model: str) -> int:
+    import json
+
+    from duplex.bench.turns import bench_turns, table
+
+    report = bench_turns(
+        model, settings.model.cache_dir, sessions=args.sessions, duration_s=args.duration,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+        torch_threads=settings.engine.torch_threads,
+        scheduler={"max_batch": settings.engine.max_batch,
+                   "audio_lead_s": settings.engine.audio_lead_s},
+        in_process=not settings.engine.process, dtype=args.dtype or settings.model.dtype,
+        seed=args.seed, turn_threads=settings.turns.threads,
     )
     print(table(report))
     if args.json:
@@ -140,6 +182,11 @@ def _models_build(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or settings.model.cache_dir
     if args.name == SHAPED:
         return _build_shaped(args, cache_dir)
+    if args.name == "smart-turn":
+        from duplex.smart_turn import weights
+
+        print(f"{weights.fetch(cache_dir)} ({weights.NAME}, its SHA-256 checked)")
+        return 0
     if args.layers is not None or args.output is not None or args.dtype is not None:
         print(f"duplex: --layers, --output and --dtype are for {SHAPED}", file=sys.stderr)
         return 2
@@ -229,8 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     call = sub.add_parser(
         "call",
         help="talk to a Realtime endpoint with a sound file",
-        description="Stream a sound file to a Realtime WebSocket endpoint in real time (server "
-        "VAD decides the turns), save the reply audio, and print the events' timeline with TTFA.",
+        description="Stream a sound file to a Realtime WebSocket endpoint in real time (the "
+        "server's turn detection decides the turns), save the reply audio, and print the "
+        "events' timeline with TTFA.",
     )
     call.add_argument("url", help="e.g. ws://127.0.0.1:8080/v1/realtime")
     call.add_argument("--input", required=True, help="sound file to send (any format FFmpeg reads)")
@@ -242,21 +290,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the input again from this many seconds after the start, over the reply",
     )
     call.add_argument("--api-key", help="Bearer key, when the server requires one")
+    call.add_argument(
+        "--turn-detection",
+        choices=["semantic_vad", "server_vad"],
+        default="semantic_vad",
+        help="semantic_vad (default): a turn ends when the end-of-turn model judges it "
+        "complete at a pause, or after 4 s of silence; server_vad: after 500 ms of silence",
+    )
     call.set_defaults(func=_call)
 
     models = sub.add_parser("models", help="build random-weight checkpoints")
     models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     build = models_sub.add_parser(
         "build",
-        help=f"build a random-weight checkpoint (tiny-omni, tiny-moshi, {SHAPED})",
+        help=f"build a random-weight checkpoint (tiny-omni, tiny-moshi, {SHAPED}), or fetch "
+        "semantic_vad's end-of-turn model (smart-turn)",
         description="Build a random-weight checkpoint of the real architecture and save it "
         "with save_pretrained under the model cache dir. It says nothing meaningful; it "
         f"exercises every stage. {SHAPED} has Qwen3-Omni-30B-A3B's published widths (35 B "
         "parameters, 66 GiB in bf16 at full depth); --layers N caps the Thinker, the audio "
         "and vision encoders and the Talker at N layers, so that it fits (N=1: 1.9 B "
-        "parameters, 3.5 GiB), and it serves with --model PATH.",
+        "parameters, 3.5 GiB), and it serves with --model PATH. smart-turn is no build: it "
+        "fetches Smart Turn v3.2 (BSD 2-Clause), the end-of-turn model semantic_vad asks, out "
+        "of the pipecat-ai 1.14.0 wheel on PyPI into the cache dir and checks its SHA-256 "
+        "(serve does so on first use); nothing is done if it is there already.",
     )
-    build.add_argument("name", choices=["tiny-omni", "tiny-moshi", SHAPED])
+    build.add_argument("name", choices=["tiny-omni", "tiny-moshi", SHAPED, "smart-turn"])
     build.add_argument("--config", metavar="FILE")
     build.add_argument("--cache-dir", help="default: model.cache_dir from the config (.models)")
     build.add_argument("--if-missing", action="store_true", help="do nothing if it already exists")
@@ -305,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--max-sessions", type=int, default=128, help="upper bound for --find-max")
     bench.add_argument(
+        "--batched-only",
+        action="store_true",
+        help="with --find-max or --baseline: run the batched mode alone (one model build, no "
+        "ratio), as the GPU check does to fit its time",
+    )
+    bench.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="model weights and activations (default: model.dtype; auto is bfloat16 on a GPU, "
@@ -319,6 +384,21 @@ def build_parser() -> argparse.ArgumentParser:
         "turn lengths from the speech fixtures, random pauses and barge-ins",
     )
     bench.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    bench.add_argument(
+        "--kv-sessions",
+        type=int,
+        default=64,
+        metavar="N",
+        help="also measure the KV pools with N sessions of mixed context lengths (default 64; "
+        "0: not)",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each mode (and measure its ceiling) this many times on one build; the "
+        "report gives the median round, with each round's maximum, ceiling and efficiency",
+    )
     bench.add_argument(
         "--mode",
         choices=["turns", "duplex"],
@@ -348,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
         "websocket (a client that flushes its playout at speech_started), websocket_paused "
         "(one that also pauses it at duplex.output.paused)",
     )
+    bench.add_argument(
+        "--turns",
+        action="store_true",
+        help="when replies start, server_vad against semantic_vad in one run: sessions say "
+        "recorded sentences, finished or paused 600-900 ms in the middle; reported: end of a "
+        "finished sentence to the first reply audio (p50/p95, with its parts) and how many "
+        "paused sentences got a reply before they were finished",
+    )
     bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.set_defaults(func=_bench)
     return parser
@@ -362,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ModelNotFound, EngineStartFailed) as exc:
         print(f"duplex: cannot load the model: {exc}", file=sys.stderr)
+        return 2
+    except WeightsUnavailable as exc:
+        print(f"duplex: cannot load the end-of-turn model: {exc}. Set turns.model to a local "
+              "Smart Turn ONNX file, or to \"\" to end semantic_vad turns on silence alone "
+              "(DUPLEX_TURNS__MODEL=).", file=sys.stderr)
         return 2
 
 

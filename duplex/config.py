@@ -63,8 +63,14 @@ class EngineSettings(_Section):
     the server can no longer use the engine's idle time. Off, the OS places both; ignored where
     there is a core or fewer to split."""
     cuda_graphs: bool = False
-    """Replay the fixed-shape decode steps (Qwen3-Omni's code predictor) as CUDA graphs; only
-    on a CUDA device, ignored on the CPU."""
+    """Replay the fixed-shape steps (Qwen3-Omni's Thinker and Talker decode steps, its code
+    predictor's frames) as CUDA graphs captured at start, one per batch bucket; only on a CUDA
+    device, ignored on the CPU."""
+    kv_memory: float = Field(0.0, ge=0)
+    """The paged KV pools' budget: bytes (above 1), or a fraction (1 or less) of the memory
+    free once the weights are loaded; 0: 0.8 of it on CUDA, on the CPU 64 sessions at full
+    context (at most a quarter of the memory available). Sessions and replies are admitted
+    only while their blocks fit in it."""
 
 
 class CacheSettings(_Section):
@@ -95,6 +101,9 @@ class RealtimeSettings(_Section):
     server's stalls."""
     max_errors: int = Field(100, ge=1)
     """Errors one connection may cause before it is closed with 1008."""
+    mcp_timeout_s: float = Field(30.0, gt=0, le=600)
+    """How long an MCP server may take to list its tools or answer a call (the server's own
+    MCP client, for `{type: "mcp"}` tools); then the listing or call fails."""
 
 
 class IceServer(_Section):
@@ -124,6 +133,13 @@ class TelephonySettings(_Section):
     """Reply audio is sent at most this far ahead of the caller's playback."""
     min_interruption_ms: int = Field(400, ge=0, le=10_000)
     """Speech over a reply pauses it; only speech this long cancels it (0: at once)."""
+    turn_detection: Literal["semantic_vad", "server_vad"] = "semantic_vad"
+    """How a caller's turn ends: semantic_vad, when the end-of-turn model (turns.model) judges
+    it complete at a short pause, or after `eagerness`'s longest wait; server_vad, after
+    500 ms of silence."""
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    """semantic_vad's longest wait for a turn the model does not judge complete: 8, 4, 2 s
+    (auto: medium)."""
     noise_reduction: Literal["", "near_field", "far_field"] = ""
     """The echo guard's strength for calls (as a Realtime session's
     audio.input.noise_reduction); empty: the guard alone."""
@@ -189,6 +205,16 @@ class TranscriptionSettings(_Section):
     """Utterances waiting to be recognised, all sessions together; past it one fails at once."""
 
 
+class TurnSettings(_Section):
+    model: str = "smart-turn-v3.2"
+    """The end-of-turn model semantic_vad asks at a pause: smart-turn-v3.2 (Smart Turn v3.2,
+    BSD 2-Clause; fetched on first use into model.cache_dir from the pipecat-ai 1.14.0 wheel
+    on PyPI, its hash checked), the path of a Smart Turn ONNX file, or "" for none (semantic_vad
+    then ends a turn after a silence its eagerness sets)."""
+    threads: int = Field(1, ge=1)
+    """CPU threads for one scoring call."""
+
+
 class Settings(_Section):
     server: ServerSettings = ServerSettings()
     model: ModelSettings = ModelSettings()
@@ -202,6 +228,7 @@ class Settings(_Section):
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     transcription: TranscriptionSettings = TranscriptionSettings()
+    turns: TurnSettings = TurnSettings()
 
     @model_validator(mode="after")
     def _lease_outlives_renewal(self) -> Settings:

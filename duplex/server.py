@@ -21,10 +21,17 @@ from duplex import __version__
 from duplex.access.auth import CLIENT_SECRETS_PATH, AuthMiddleware, Gate
 from duplex.access.limits import Admission
 from duplex.config import Settings
-from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
+from duplex.engine import (
+    AdmissionRefused,
+    ChildSpec,
+    EngineConfig,
+    SchedulerConfig,
+    start_engine,
+)
 from duplex.engine.vad import VadService
 from duplex.media.echo import warm_up as echo_guard_warm_up
 from duplex.observability.metrics import Metrics
+from duplex.smart_turn import SmartTurn, TurnEndService, resolve
 from duplex.store import SessionRegistry, open_store
 from duplex.store.seats import RedisSeats
 from duplex.transcription import Transcriber
@@ -39,6 +46,9 @@ from duplex.transport.webrtc.calls import CallRegistry
 from models.caches import CacheBudgets
 
 METRICS_SYNC_S = 5.0
+METRICS_FRESH_S = 1.0
+"""How long /metrics waits for the engine's figures as of the request, before it answers
+with those it has."""
 WEB_CLIENT_DIR = Path(__file__).resolve().parent.parent / "web_client"
 log = logging.getLogger("duplex.server")
 
@@ -63,6 +73,7 @@ def engine_spec(settings: Settings) -> ChildSpec:
         dtype=settings.model.dtype,
         cuda_graphs=es.cuda_graphs,
         pin_cpus=es.pin_cpus,
+        kv_memory=es.kv_memory,
     )
 
 
@@ -88,27 +99,43 @@ def create_app(settings: Settings) -> Starlette:
 
     async def healthz(_request: Request) -> JSONResponse:
         engine = parts.get("engine")
-        # A server whose engine has died answers nothing useful; say so to load balancers.
+        # A server whose engine has died answers nothing useful, and one that would refuse a
+        # new session (an engine limit, KV memory) takes none: say so to load balancers.
         up = engine is not None and engine.alive
+        refused = None
+        if up:
+            try:
+                engine.admit()
+            except AdmissionRefused as exc:
+                refused = exc
         info = getattr(engine, "model", None)
         native = info is not None and info.duplex_delay_frames is not None
-        return JSONResponse(
-            {
-                "status": "ok" if up else "engine_down",
-                "version": __version__,
-                "model": settings.model.name,
-                "active_sessions": len(hub),
-                "node_id": node_id,
-                "store": ss.backend,
-                "duplex": native,
-                "duplex_default": native and duplex_default,
-            },
-            status_code=200 if up else 503,
-        )
+        body = {
+            "status": "engine_down" if not up else "full" if refused else "ok",
+            "version": __version__,
+            "model": settings.model.name,
+            "active_sessions": len(hub),
+            "node_id": node_id,
+            "store": ss.backend,
+            "duplex": native,
+            "duplex_default": native and duplex_default,
+            "kv": {stage: {"blocks_total": pool.blocks_total, "blocks_used": pool.blocks_used,
+                           "blocks_free": pool.blocks_free, "block_bytes": pool.block_bytes}
+                   for stage, pool in getattr(engine, "kv_stats", {}).items()},
+            # What the model prepared and checked at start; "warnings" say what is slow.
+            "model_startup": info.startup if info is not None else {},
+        }
+        if refused is not None:
+            body.update(limit=refused.limit, message=str(refused))
+        return JSONResponse(body, status_code=200 if up and refused is None else 503)
 
     async def metrics_endpoint(_request: Request) -> Response:
         if "engine" in parts:
-            metrics.sync_engine(parts["engine"])
+            engine = parts["engine"]
+            # The engine reports every quarter second; a barrier brings its figures up to
+            # this request (a reply just finished is in its counters).
+            await asyncio.to_thread(engine.wait_idle, METRICS_FRESH_S)
+            metrics.sync_engine(engine)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     parts: dict[str, object] = {}
@@ -121,7 +148,11 @@ def create_app(settings: Settings) -> Starlette:
         ts = settings.transcription
         transcriber = await asyncio.to_thread(Transcriber, ts.model, ts.max_queue)
         await asyncio.to_thread(echo_guard_warm_up)
-        parts.update(engine=engine, vad=VadService(), transcriber=transcriber)
+        turns = settings.turns
+        turn_path = await asyncio.to_thread(resolve, turns.model, settings.model.cache_dir)
+        turn_end = (TurnEndService(SmartTurn(turn_path, turns.threads))
+                    if turn_path is not None else None)
+        parts.update(engine=engine, vad=VadService(turn_end=turn_end), transcriber=transcriber)
         model = engine.model
         log.info("model %s loaded on %s (%s)%s", model.name, model.device, model.dtype,
                  " in the engine process" if es.process else "")
@@ -149,6 +180,7 @@ def create_app(settings: Settings) -> Starlette:
         max_input_lead_ms=rs.max_input_lead_ms,
         output_lead_ms=rs.output_lead_ms,
         max_errors=rs.max_errors,
+        mcp_timeout_s=rs.mcp_timeout_s,
     )
     calls = CallRegistry(
         lambda: parts["engine"], lambda: parts["vad"],
@@ -168,6 +200,7 @@ def create_app(settings: Settings) -> Starlette:
         TwilioOptions(output_lead_ms=ts.output_lead_ms, end_call_digit=ts.end_call_digit,
                       duplex=duplex_default,
                       min_interruption_ms=ts.min_interruption_ms,
+                      turn_detection=ts.turn_detection, eagerness=ts.eagerness,
                       noise_reduction=ts.noise_reduction or None),
         metrics, hub,
     )

@@ -47,11 +47,33 @@ class ModelState:
 
 @dataclass(frozen=True)
 class TextTurn:
-    """Text for the Thinker's context: the user's words, or the output of a tool it called."""
+    """Text for the Thinker's context: the user's words, the output of a tool it called, or
+    a turn of its own: a system message, an assistant message, a function call as the model
+    writes one."""
 
     text: str
     role: str = "user"
-    """user | tool"""
+    """user | tool | system | assistant | function_call (`text` is then the call as JSON:
+    {"name": ..., "arguments": "<JSON string>"})"""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A boundary between conversation items in the Thinker's context: the turn open there
+    ends, and `Rewind(key)` can bring the context back to this point."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Bring the Thinker's context back to where `Mark(key)` was laid, dropping everything
+    after it (that mark and later ones too): the positions before it keep their KV."""
+
+    key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
+    """The session's instructions and tools, for a context rewound to its head: they open it
+    again (as `instruct` does a new one)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,28 @@ class ReplyTurn:
     ids: tuple[int, ...]
     instructions: str = ""
     tools: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """One stage's paged KV pool (`models.paged_kv`) as the engine reports it."""
+
+    blocks_total: int
+    blocks_used: int
+    """Blocks holding positions: sessions' own and the prefix cache's (shared ones once)."""
+    block_bytes: int
+    blocks_free: int
+    """Blocks a new session or reply may still take: free ones and those the prefix cache
+    would give up, less what replies in progress have reserved."""
+    session_blocks: int
+    """Blocks one more session needs: its head and its first reply."""
+    sessions_admissible: int
+    """Sessions that may still open before memory runs short (none when refusing)."""
+    needed_bytes: int
+    """What the live contexts need: their positions times the bytes of a position."""
+    slot_pool_bytes: int
+    """What the slot layout (a row per session, every row as long as the longest, rows and
+    length rounded up as it grew them) would hold for the same contexts: at least this."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +190,9 @@ class DuplexModel(ABC):
     restores_context: bool = False
     """Whether decode reports token ids and `thinker_prefill` takes `ReplyTurn`: a context that
     can be rebuilt on another node after a resume."""
+    rewinds_context: bool = False
+    """Whether `thinker_prefill` takes `Mark` and `Rewind`: a context that can go back to an
+    item boundary and be laid again from there (a conversation edited before its end)."""
     voices: tuple[str, ...] = ()
     """The Talker's speakers, by the names its checkpoint gives them."""
     default_voice: str | None = None
@@ -158,6 +205,13 @@ class DuplexModel(ABC):
     duplex_delay_frames: int | None = None
     """Native full duplex: the step that takes input frame k returns output frame k - delay + 1,
     so output frame k lies on the timeline at input frame k + delay. None: turns only."""
+
+    def warm_up(self, max_batch: int) -> dict[str, Any]:
+        """Prepare, before the first session, what serving must not stop for (CUDA graphs
+        are captured here, never mid-serving) for stage calls of up to `max_batch` rows; what
+        was prepared and checked, for /healthz and the bench ("warnings": what an operator
+        must know)."""
+        return {}
 
     @abstractmethod
     def new_state(self, session_id: str) -> ModelState: ...
@@ -177,6 +231,16 @@ class DuplexModel(ABC):
 
     def cache_stats(self) -> dict[str, CacheStats]:
         """The counters of the caches the model keeps across sessions, by cache name."""
+        return {}
+
+    def kv_stats(self) -> dict[str, KVStats]:
+        """Its paged KV pools, by stage; none for a model whose KV is not paged."""
+        return {}
+
+    def graph_stats(self) -> dict[str, dict[str, int]]:
+        """Per stage with fixed-shape steps, how many ran since the start by how they ran:
+        "replays" (a CUDA graph captured at `warm_up`), "static" (its fixed buffers without a
+        graph), "eager"; none for a model that has no such steps."""
         return {}
 
     @abstractmethod

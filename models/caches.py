@@ -3,14 +3,15 @@ eviction, entries pinned while in use, and the counters they report.
 
 Two caches use it (a module each): the Thinker's prefix KV (`models.prefix_cache`) and the
 input encoders' features (`models.feature_cache`). Neither ever holds live-session state: a
-session copies what it takes out of them, or reads an entry that is never written again.
+session reads an entry that is never written again (a prefix's KV blocks it copies before
+writing into them).
 No torch here: the counters travel to the engine's callers, which must not import it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -46,10 +47,12 @@ class ByteLRU(Generic[V]):
     """Values by key, their bytes within `budget`; the least recently used unpinned ones go
     first when a new one needs room. A pinned entry (refcount > 0) is never evicted."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, on_evict: Callable[[V], None] | None = None) -> None:
+        """`on_evict(value)` hears each entry that leaves (to give back what it holds)."""
         if budget < 0:
             raise ValueError(f"a cache budget is a byte count >= 0, not {budget}")
         self.budget = budget
+        self._on_evict = on_evict
         self._entries: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._refs: dict[Hashable, int] = {}
         self.bytes = 0
@@ -84,7 +87,7 @@ class ByteLRU(Generic[V]):
         for old in [k for k in self._entries if k not in self._refs]:
             if self.bytes + nbytes <= self.budget:
                 break
-            self._evict(old)
+            self.evict(old)
         self._entries[key] = (value, nbytes)
         self.bytes += nbytes
         if pin:
@@ -108,10 +111,18 @@ class ByteLRU(Generic[V]):
     def refs(self, key: Hashable) -> int:
         return self._refs.get(key, 0)
 
-    def _evict(self, key: Hashable) -> None:
-        _, nbytes = self._entries.pop(key)
+    def unpinned(self) -> Iterator[tuple[Hashable, V]]:
+        """Entries nobody pins, least recently used first (a snapshot: evicting is safe)."""
+        return iter([(k, v) for k, (v, _) in self._entries.items() if k not in self._refs])
+
+    def evict(self, key: Hashable) -> None:
+        if key in self._refs:
+            raise KeyError(f"cache entry in use: {key!r}")
+        value, nbytes = self._entries.pop(key)
         self.bytes -= nbytes
         self.evictions += 1
+        if self._on_evict is not None:
+            self._on_evict(value)
 
     def stats(self) -> CacheStats:
         return CacheStats(self.hits, self.misses, self.evictions, self.refused, self.bytes,

@@ -8,7 +8,8 @@ watermark is visible in the transcript too.
 Native full duplex (`duplex_step`): output is input delayed by `duplex_lag_frames` frames, frame
 for frame, silence included, so the duplex timeline is testable exactly; a voiced frame's
 transcript is "frameK " where K is the index of the input frame it repeats. After text (a user text item, or a tool's output)
-the reply's text is that text verbatim, written a word at a time through the same Thinker-output
+the reply's text is that text verbatim (system and assistant messages are nobody's words and
+are not repeated), written a word at a time through the same Thinker-output
 handling a real checkpoint's text goes through (so a `<tool_call>` block in it comes back as a
 function call); each word is voiced as one frame of a quiet tone. `tool_choice` changes
 nothing: an oracle that rewrote its input into a call would no longer be exact, and a test
@@ -128,8 +129,10 @@ class EchoModel(DuplexModel):
         for state, feature in zip(states, features, strict=True):
             echo = state.slots[STATE_KEY]
             if isinstance(feature, TextTurn):
-                echo.said.append(feature.text)
-            elif feature is not None:
+                # What the user said or a tool answered; other turns are no one's words.
+                if feature.role in ("user", "tool"):
+                    echo.said.append(feature.text)
+            elif isinstance(feature, np.ndarray):
                 echo.heard.append(feature)
 
     def begin_response(self, state: ModelState, spec: ReplySpec | None = None) -> None:

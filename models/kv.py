@@ -2,14 +2,11 @@
 
 Two layouts, one per way an adapter runs its transformers:
 
-- `SlotKV`: one buffer per layer with a row (slot) per session, handed to a transformers model
-  as its `cache=` object (`bind`). Rows keep their own lengths; a call writes each row's new keys
-  at that row's length and attends under an explicit 4D mask. Each slot records its owner and
-  every call checks it, so a reused slot can never feed one session's context to another.
-  Qwen3-Omni's Thinker and Talker use it.
-- `SlidingKV`: each session owns its buffer, kept in time order and bounded by an attention
-  window; `KVBatch` stacks several of them for one forward of layers the adapter steps itself.
-  Moshi's decoders and Mimi's transformers use it.
+- Paged (`models.paged_kv`): one pool of blocks per transformer, a block table per session,
+  handed to a transformers model as its `cache=` object. Qwen3-Omni's Thinker and Talker use it.
+- `SlidingKV` (here): each session owns its buffer, kept in time order and bounded by an
+  attention window; `KVBatch` stacks several of them for one forward of layers the adapter
+  steps itself. Moshi's decoders and Mimi's transformers use it.
 """
 
 from __future__ import annotations
@@ -19,8 +16,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from models.prefix_cache import PrefixKV
 
 
 class SlotOwnershipError(RuntimeError):
@@ -34,149 +29,6 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple, deque)):
         return sum(tensor_bytes(x) for x in obj)
     return 0
-
-
-class SlotKV:
-    """KV of many sessions in one buffer per layer: (slots, kv_heads, capacity, head_dim).
-
-    Rows are claimed per session and released whole; when rows at the end or the longest
-    context go away the buffers shrink, and an empty pool holds no memory at all.
-    """
-
-    def __init__(self, layers: int, heads: int, head_dim: int, device, dtype) -> None:
-        self.layers, self.heads, self.head_dim = layers, heads, head_dim
-        self.device, self.dtype = device, dtype
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.owner: list[str | None] = []
-        self.length: list[int] = []
-        self.capacity = 0
-
-    @property
-    def nbytes(self) -> int:
-        return tensor_bytes(self.keys) + tensor_bytes(self.values)
-
-    def slot_bytes(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.layers * self.heads * self.capacity * self.head_dim * itemsize
-
-    def acquire(self, owner: str) -> int:
-        if None in self.owner:
-            slot = self.owner.index(None)
-        else:
-            slot = len(self.owner)
-            self._resize(max(1, 2 * len(self.owner)), self.capacity)
-        self.owner[slot] = owner
-        self.length[slot] = 0
-        return slot
-
-    def release(self, slot: int, owner: str) -> None:
-        self.check(slot, owner)
-        self.owner[slot] = None
-        self.length[slot] = 0
-        used = [i for i, o in enumerate(self.owner) if o is not None]
-        if not used:
-            self.keys, self.values, self.owner, self.length, self.capacity = [], [], [], [], 0
-            return
-        rows = used[-1] + 1
-        capacity = _round_up(max(self.length[i] for i in used))
-        if rows < len(self.owner) or capacity < self.capacity // 2:
-            self._resize(rows, capacity)
-
-    def check(self, slot: int, owner: str) -> None:
-        if slot >= len(self.owner) or self.owner[slot] != owner:
-            held = self.owner[slot] if slot < len(self.owner) else None
-            raise SlotOwnershipError(f"slot {slot} belongs to {held!r}, not {owner!r}")
-
-    def read(self, slot: int, n: int) -> PrefixKV:
-        """A copy of the slot's first `n` positions (for the prefix cache)."""
-        return PrefixKV(tuple(k[slot, :, :n].clone() for k in self.keys),
-                        tuple(v[slot, :, :n].clone() for v in self.values))
-
-    def write(self, slot: int, prefix: PrefixKV) -> None:
-        """Make a freshly acquired slot hold `prefix` as its first positions."""
-        if self.length[slot]:
-            raise ValueError(f"slot {slot} already holds {self.length[slot]} positions")
-        n = prefix.length
-        if n > self.capacity:
-            self._resize(len(self.owner), _round_up(n))
-        for bufs, parts in ((self.keys, prefix.keys), (self.values, prefix.values)):
-            for buf, part in zip(bufs, parts, strict=True):
-                buf[slot, :, :n] = part
-        self.length[slot] = n
-
-    def evict(self, slot: int, keep: int, drop: int) -> None:
-        """Remove `drop` positions after the first `keep`; later keys keep their rotary phase."""
-        end = self.length[slot]
-        for buf in (*self.keys, *self.values):
-            buf[slot, :, keep : end - drop] = buf[slot, :, keep + drop : end].clone()
-        self.length[slot] = end - drop
-
-    def _resize(self, rows: int, capacity: int) -> None:
-        shape = (rows, self.heads, capacity, self.head_dim)
-        old_rows = min(rows, len(self.owner))
-        old_cap = min(capacity, self.capacity)
-        for bufs in (self.keys, self.values):
-            for i in range(self.layers):
-                new = torch.zeros(shape, device=self.device, dtype=self.dtype)
-                if i < len(bufs):
-                    new[:old_rows, :, :old_cap] = bufs[i][:old_rows, :, :old_cap]
-                    bufs[i] = new
-                else:
-                    bufs.append(new)
-        self.owner = (self.owner + [None] * rows)[:rows]
-        self.length = (self.length + [0] * rows)[:rows]
-        self.capacity = capacity
-
-    def bind(self, slots: list[int], owners: list[str], new: list[int]) -> _BoundKV:
-        """Prepare one forward: row b appends `new[b]` positions to slot `slots[b]`."""
-        for slot, owner in zip(slots, owners, strict=True):
-            self.check(slot, owner)
-        q = max(new)
-        need = max(self.length[s] for s in slots) + q
-        if need > self.capacity:
-            self._resize(len(self.owner), max(_round_up(need), 2 * self.capacity))
-        return _BoundKV(self, slots, new, q)
-
-
-def _round_up(n: int, step: int = 64) -> int:
-    return max(step, -(-n // step) * step)
-
-
-class _BoundKV:
-    """The `cache=` object of one forward: per-row writes, reads up to the longest row."""
-
-    def __init__(self, pool: SlotKV, slots: list[int], new: list[int], q: int) -> None:
-        self.pool, self.slots, self.new = pool, slots, new
-        device = pool.device
-        starts = torch.tensor([pool.length[s] for s in slots], device=device)
-        self.rows = torch.tensor(slots, device=device)[:, None].expand(-1, q)
-        self.positions = starts[:, None] + torch.arange(q, device=device)
-        self.kv_len = max(pool.length[s] for s in slots) + q
-        first = slots[0]
-        # Rows in ascending adjacent slots read the pool as a view; others gather a copy.
-        self.span = (
-            (first, first + len(slots)) if slots == list(range(first, first + len(slots))) else None
-        )
-        kv_index = torch.arange(self.kv_len, device=device)
-        allowed = kv_index[None, None, :] <= self.positions[:, :, None]
-        self.mask = torch.zeros(allowed.shape, device=device, dtype=pool.dtype)
-        self.mask.masked_fill_(~allowed, torch.finfo(pool.dtype).min)
-        self.mask = self.mask[:, None]
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
-        keys[self.rows, :, self.positions] = key.transpose(1, 2).to(keys.dtype)
-        values[self.rows, :, self.positions] = value.transpose(1, 2).to(values.dtype)
-        if self.span is not None:
-            lo, hi = self.span
-            return keys[lo:hi, :, : self.kv_len], values[lo:hi, :, : self.kv_len]
-        index = self.rows[:, 0]
-        return keys[index, :, : self.kv_len], values[index, :, : self.kv_len]
-
-    def commit(self) -> None:
-        for slot, n in zip(self.slots, self.new, strict=True):
-            self.pool.length[slot] += n
 
 
 class SlidingKV:

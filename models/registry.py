@@ -86,9 +86,11 @@ def load_model(
     dtype: str = "auto",
     cuda_graphs: bool = False,
     budgets: CacheBudgets | None = None,
+    kv_memory: float = 0.0,
 ) -> DuplexModel:
     """`cuda_graphs` lets a Qwen3-Omni adapter on a CUDA device replay its fixed-shape decode
-    steps as CUDA graphs; elsewhere it changes nothing. `budgets`: the cross-session caches'."""
+    steps as CUDA graphs; elsewhere it changes nothing. `budgets`: the cross-session caches'.
+    `kv_memory`: a Qwen3-Omni adapter's KV pools' budget (`engine.kv_memory`)."""
     if name == "echo":
         from models.echo import EchoModel
 
@@ -97,7 +99,7 @@ def load_model(
     if is_shaped(name):
         from models.qwen3_omni.shaped import load_shaped
 
-        return load_shaped(shaped_layers(name), dev, dtype, cuda_graphs)
+        return load_shaped(shaped_layers(name), dev, dtype, cuda_graphs, kv_memory)
     config = checkpoint_config(name, cache_dir)
     path = config.parent
     model_type = json.loads(config.read_text()).get("model_type")
@@ -105,7 +107,8 @@ def load_model(
         from models.qwen3_omni.adapter import Qwen3OmniAdapter
 
         return Qwen3OmniAdapter.from_pretrained(
-            path, device=dev, dtype=dtype, cuda_graphs=cuda_graphs, budgets=budgets
+            path, device=dev, dtype=dtype, cuda_graphs=cuda_graphs, budgets=budgets,
+            kv_memory=kv_memory,
         )
     if model_type == "moshi":
         from models.moshi.adapter import MoshiAdapter

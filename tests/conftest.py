@@ -143,3 +143,78 @@ def tiny_moshi_dir(tmp_path_factory):
     from models.registry import build_tiny
 
     return build_tiny("tiny-moshi", tmp_path_factory.mktemp("models"))
+
+
+class McpServers:
+    """A real MCP server (the SDK's own `MCPServer`) on two loopback ports, one per transport:
+    streamable HTTP at `http_url`, SSE at `sse_url`; `authorizations` holds the Authorization
+    header of every request either got."""
+
+    def __init__(self) -> None:
+        import anyio
+        from mcp.server.mcpserver import MCPServer
+
+        server = MCPServer("duplex-tests", log_level="WARNING")
+
+        @server.tool()
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        @server.tool()
+        def shout(text: str) -> str:
+            """The text in capitals."""
+            return text.upper()
+
+        @server.tool()
+        def fail() -> str:
+            """Always fails."""
+            raise ValueError("the tool failed on purpose")
+
+        @server.tool()
+        async def stall() -> str:
+            """Answers after an hour."""
+            await anyio.sleep(3600)
+            return "late"
+
+        self.authorizations: list[str] = []
+        self._servers = []
+        self.http_url = f"http://127.0.0.1:{self._serve(server.streamable_http_app())}/mcp"
+        self.sse_url = f"http://127.0.0.1:{self._serve(server.sse_app())}/sse"
+
+    def _serve(self, app) -> int:
+        import uvicorn
+
+        async def recording(scope, receive, send):
+            if scope["type"] == "http":
+                self.authorizations += [v.decode() for k, v in scope["headers"]
+                                        if k == b"authorization"]
+            await app(scope, receive, send)
+
+        server = uvicorn.Server(uvicorn.Config(recording, host="127.0.0.1", port=0,
+                                               log_level="warning", lifespan="on"))
+        threading.Thread(target=server.run, daemon=True).start()
+        until(lambda: server.started, "the MCP server listens")
+        self._servers.append(server)
+        return server.servers[0].sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+
+
+@pytest.fixture(scope="session")
+def mcp_servers():
+    servers = McpServers()
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="session")
+def smart_turn_path():
+    """Smart Turn v3.2's graph in the model cache dir (.models), fetched there on first use
+    as `duplex models build smart-turn` and `duplex serve` do."""
+    from duplex.config import load_settings
+    from duplex.smart_turn import fetch
+
+    return fetch(load_settings(None).model.cache_dir)

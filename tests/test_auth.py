@@ -14,6 +14,7 @@ from duplex.config import LimitsSettings, load_settings
 from duplex.server import create_app
 
 KEY = "sk-good"
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 
 
 def test_twilio_signature_matches_the_official_sdk_vector():
@@ -158,6 +159,29 @@ def test_ephemeral_keys_open_one_session_and_expire(app_client):
         assert denied(client, headers=bearer(expiring.json()["value"])).status_code == 401
     finally:
         registry.clock = time.time
+
+
+def test_an_ephemeral_key_never_keeps_an_mcp_servers_secrets(app_client):
+    client, app = app_client
+    crm = {"type": "mcp", "server_label": "crm", "server_url": "http://127.0.0.1:9/mcp"}
+    store = len(app.state.registry.store)
+    for name, secret in (("headers", {"X-Api-Key": "mcp-secret-1"}),
+                         ("authorization", "mcp-secret-2")):
+        minted = client.post("/v1/realtime/client_secrets", headers=bearer(KEY), json={
+            "session": {"type": "realtime", "tools": [WEATHER, {**crm, name: secret}]}})
+        assert minted.status_code == 400
+        error = minted.json()["error"]
+        assert error["param"] == f"session.tools.1.{name}" and "'crm'" in error["message"]
+        assert "mcp-secret" not in minted.text
+        # Refused whole: nothing went into the registry.
+        assert len(app.state.registry.store) == store
+    # Without secrets the MCP tool is kept, and the key opens a session that offers it.
+    minted = client.post("/v1/realtime/client_secrets", headers=bearer(KEY),
+                         json={"session": {"type": "realtime", "tools": [crm]}})
+    assert minted.status_code == 200, minted.text
+    with client.websocket_connect("/v1/realtime",
+                                  headers=bearer(minted.json()["value"])) as ws:
+        assert ws.receive_json()["session"]["tools"][0]["server_label"] == "crm"
 
 
 def test_limits_answer_429_and_rate_errors(app_client):

@@ -29,7 +29,8 @@ def test_engine_stats_become_histograms_and_are_drained():
     drops = [Drop("s1", "pcm", 3, 12, "stale_epoch")]
     engine = SimpleNamespace(stats=stats, total_bytes_held=lambda: 4096,
                              drain_drops=lambda: [drops.pop()] if drops else [],
-                             cache_stats={"prefix": CacheStats(hits=3, misses=1, bytes=512)})
+                             cache_stats={"prefix": CacheStats(hits=3, misses=1, bytes=512)},
+                             graph_stats={"thinker": {"replays": 40, "static": 0, "eager": 2}})
     metrics = Metrics("echo")
     metrics.sync_engine(engine)
     metrics.sync_engine(engine)
@@ -45,6 +46,8 @@ def test_engine_stats_become_histograms_and_are_drained():
     assert "duplex_prefix_cache_bytes 512.0" in text
     # A cache the model does not keep reads zero rather than missing from the page.
     assert "duplex_feature_cache_hits_total 0.0" in text
+    assert 'duplex_model_steps_total{path="replays",stage="thinker"} 40.0' in text
+    assert 'duplex_model_steps_total{path="eager",stage="thinker"} 2.0' in text
     assert stats.stages["thinker"].queue_ms == []
 
 

@@ -58,6 +58,30 @@ def test_health_turns_503_when_the_engine_process_dies(server_process):
     assert server.proc.wait(timeout=20) == 0
 
 
+@pytest.mark.slow
+def test_health_says_full_while_the_engine_would_refuse_and_shows_the_kv_pools(
+        server_process, tiny_omni_dir):
+    env = {**os.environ, "DUPLEX_ENGINE__MAX_SESSIONS": "1"}
+    server = server_process("--model", str(tiny_omni_dir), env=env)
+    health = httpx.get(f"{server.url}/healthz")
+    assert health.status_code == 200
+    kv = health.json()["kv"]
+    assert set(kv) == {"thinker", "talker"}
+    assert kv["thinker"]["blocks_free"] == kv["thinker"]["blocks_total"] > 0
+    assert kv["thinker"]["block_bytes"] == 64 * 768
+    with connect(server.url.replace("http", "ws") + "/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        full = httpx.get(f"{server.url}/healthz")
+        assert full.status_code == 503
+        assert (full.json()["status"], full.json()["limit"]) == ("full", "engine.max_sessions")
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert f'duplex_kv_blocks_total{{stage="thinker"}} {kv["thinker"]["blocks_total"]}.0' \
+            in metrics
+        assert 'duplex_kv_block_bytes{stage="talker"} 16384.0' in metrics
+    until(lambda: httpx.get(f"{server.url}/healthz").status_code == 200,
+          "/healthz ok again once the session closed")
+
+
 def test_bad_config_stops_startup_naming_key_and_file(tmp_path):
     cfg = tmp_path / "typo.toml"
     cfg.write_text("[modle]\nname = 'echo'\n")

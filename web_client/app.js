@@ -5,12 +5,13 @@
 const $ = (id) => document.getElementById(id);
 const ui = {
   connect: $("connect"), hangup: $("hangup"), camera: $("camera"), duplex: $("duplex"),
+  turns: $("turns"),
   state: $("state"),
   problem: $("problem"), transcript: $("transcript"), reply: $("reply"),
   received: $("received"), preview: $("preview"), server: $("server"),
 };
 // Exposed for tests and the curious: what this page has seen.
-window.duplex = { events: [], audioBytesReceived: 0, state: "idle" };
+window.duplex = { events: [], audioBytesReceived: 0, state: "idle", turnDetection: null };
 
 let pc = null, channel = null, callPath = null, media = null, statsTimer = null;
 let assistantLine = null, userLine = null, interruptedTimer = null;
@@ -80,8 +81,10 @@ async function connect() {
   channel = pc.createDataChannel("oai-events");
   channel.onmessage = (e) => onEvent(JSON.parse(e.data));
   channel.onopen = () => {
-    if (ui.duplex.checked === duplexDefault) return;
-    const type = ui.duplex.checked ? "duplex" : "server_vad";
+    // Turns end when a model judges the speaker finished (semantic_vad) unless the page is
+    // told otherwise; the server is told only where that differs from how it starts calls.
+    const type = ui.duplex.checked ? "duplex" : ui.turns.value;
+    if (type === (duplexDefault ? "duplex" : "server_vad")) return;
     channel.send(JSON.stringify({ type: "session.update", session: { type: "realtime",
       audio: { input: { turn_detection: { type } } } } }));
   };  try {
@@ -124,6 +127,12 @@ async function pollStats() {
 function onEvent(ev) {
   window.duplex.events.push(ev.type);
   switch (ev.type) {
+    case "session.created":
+    case "session.updated": {
+      const td = ev.session.audio && ev.session.audio.input.turn_detection;
+      window.duplex.turnDetection = td ? td.type : null;
+      break;
+    }
     case "input_audio_buffer.speech_started":
       userLine = line("user", "speaking...");
       userLine.dataset.start = ev.audio_start_ms;

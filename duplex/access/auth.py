@@ -160,7 +160,9 @@ class AuthMiddleware:
         state = scope.setdefault("state", {})
         state["principal"] = principal
         place = None
-        if scope["type"] == "websocket":
+        # A sideband (`?call_id=`) joins a call's session: it takes no seat of its own.
+        sideband = session and "call_id" in conn.query_params
+        if scope["type"] == "websocket" and not sideband:
             # The session's id is chosen here, so that its seat bears it (a resume elsewhere
             # moves onto that seat).
             state["session_id"] = principal.session_id or "sess_" + secrets.token_hex(8)

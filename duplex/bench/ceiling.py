@@ -14,7 +14,9 @@ frame duration over it is how many sessions the arithmetic alone could voice at 
 Why the mean batch size: a stage call costs about a + b * batch, so the cost per item of calls
 whose sizes vary is a / mean + b, which is the cost per item of a call of the mean size.
 
-Runs where the model lives: `engine.query(partial(measure, batches=...))`.
+Runs where the model lives: `engine.query(partial(measure, batches=...))`. On a CUDA device a
+call is timed by the device's own clock (events around it, `duplex.engine.timing`), waited for
+after each call: a call returns once its work is queued, and a host clock would miss it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duplex.bench.synth import babble
+from duplex.engine.timing import StageClock
 from models.base import DuplexModel, ModelState
 
 REPEATS = 21
@@ -60,17 +63,25 @@ def measure(model: DuplexModel, batches: dict[str, int], repeats: int = REPEATS,
             warmup: int = WARMUP, rounds: int = ROUNDS,
             clock: Callable[[], float] = time.perf_counter) -> dict:
     """Median milliseconds of one call of each stage in `batches` at that batch size, and the
-    model's frame duration: {"frame_ms": float, "ms_per_call": {stage: float}}."""
+    model's frame duration: {"frame_ms": float, "ms_per_call": {stage: float}}. `clock`
+    (seconds) times a model that is not on a CUDA device."""
+    timer = StageClock(model.device, clock)
     samples: dict[str, list[float]] = {stage: [] for stage in STAGES if stage in batches}
     for _ in range(rounds):
         for stage, timed in samples.items():
-            timed += _TIMERS[stage](model, batches[stage], warmup + repeats, clock)[warmup:]
+            timed += _TIMERS[stage](model, batches[stage], warmup + repeats, timer)[warmup:]
     costs = {stage: statistics.median(timed) * 1000 for stage, timed in samples.items()}
     return {"frame_ms": model.frame_samples / model.output_rate * 1000, "ms_per_call": costs}
 
 
-def ceiling(loads: dict[str, StageLoad], measured: dict) -> dict[str, Any]:
-    """The report's ceiling figures from the engine's loads and the model-alone costs."""
+def ceiling(loads: dict[str, StageLoad], measured: dict,
+            engine: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report's ceiling figures from the engine's loads and the model-alone costs. With
+    the engine's stage summary, each stage also says what the engine's own calls cost per
+    session frame and how many times the ceiling's that is: a stage whose cost does not hang
+    on the sessions' histories (the codec, the encoder) far over 1 says the calls ran slower
+    in the run than alone (a core shared with the sessions' loops), not that the engine added
+    work to them."""
     stages = {
         name: {
             "batch": load.batch,
@@ -80,6 +91,12 @@ def ceiling(loads: dict[str, StageLoad], measured: dict) -> dict[str, Any]:
         }
         for name, load in loads.items()
     }
+    frames = (engine or {}).get("codec", {}).get("items")
+    for name, stage in stages.items():
+        total = (engine or {}).get(name, {}).get("total_ms")
+        if frames and total is not None:
+            stage["engine_ms_per_session_frame"] = round(total / frames, 4)
+            stage["engine_vs_ceiling"] = round(total / frames / stage["ms_per_session_frame"], 3)
     cost = sum(s["ms_per_session_frame"] for s in stages.values())
     return {
         "ceiling_ms_per_session_frame": cost or None,
@@ -91,10 +108,13 @@ def ceiling(loads: dict[str, StageLoad], measured: dict) -> dict[str, Any]:
 # -- one stage at a time ------------------------------------------------------------------------
 
 
-def _timed(clock, fn, *args):
-    start = clock()
-    out = fn(*args)
-    return out, clock() - start
+def _timed(timer: StageClock, fn, *args):
+    """(fn's result, its seconds)."""
+    ms: list[float] = []
+    with timer.timed(ms):
+        out = fn(*args)
+    timer.collect(wait=True)
+    return out, ms[0] / 1000
 
 
 def _states(model: DuplexModel, tag: str, n: int) -> list[ModelState]:
@@ -111,22 +131,22 @@ def _free(model: DuplexModel, states: list[ModelState]) -> None:
         model.free(state)
 
 
-def _encode(model, n, calls, clock) -> list[float]:
+def _encode(model, n, calls, timer) -> list[float]:
     states = _states(model, "encode", n)
     try:
         chunks = _chunks(model, n, 0)
-        return [_timed(clock, model.encode_audio, states, chunks)[1] for _ in range(calls)]
+        return [_timed(timer, model.encode_audio, states, chunks)[1] for _ in range(calls)]
     finally:
         _free(model, states)
 
 
-def _prefill(model, n, calls, clock) -> list[float]:
+def _prefill(model, n, calls, timer) -> list[float]:
     states = _states(model, "prefill", n)
     try:
         samples = []
         for k in range(calls):
             features = model.encode_audio(states, _chunks(model, n, k))
-            samples.append(_timed(clock, model.thinker_prefill, states, features)[1])
+            samples.append(_timed(timer, model.thinker_prefill, states, features)[1])
         return samples
     finally:
         _free(model, states)
@@ -146,15 +166,15 @@ class _Replies:
         self.ended = [False] * n
         self.codes: list[Any] = [None] * n
 
-    def advance(self, clock) -> float:
+    def advance(self, timer: StageClock) -> float:
         """One frame of every row; the seconds of this rig's stage call."""
         model = self.model
         for state, ended in zip(self.states, self.ended, strict=True):
             if ended:
                 model.reset_response(state)
                 model.begin_response(state)
-        tokens, thinker_s = _timed(clock, model.thinker_decode, self.states)
-        frames, talker_s = _timed(clock, model.talker_step, self.states, tokens)
+        tokens, thinker_s = _timed(timer, model.thinker_decode, self.states)
+        frames, talker_s = _timed(timer, model.talker_step, self.states, tokens)
         for i, frame in enumerate(frames):
             if frame.codes is not None:
                 self.codes[i] = frame.codes
@@ -170,17 +190,17 @@ class _Replies:
         if some is None:
             raise RuntimeError("the Talker gave no codes to decode")
         codes = [c if c is not None else some for c in self.codes]
-        return _timed(clock, model.codec_decode, self.states, codes)[1]
+        return _timed(timer, model.codec_decode, self.states, codes)[1]
 
     def close(self) -> None:
         _free(self.model, self.states)
 
 
 def _reply_stage(stage: str):
-    def run(model, n, calls, clock) -> list[float]:
+    def run(model, n, calls, timer) -> list[float]:
         rig = _Replies(model, stage, n)
         try:
-            return [rig.advance(clock) for _ in range(calls)]
+            return [rig.advance(timer) for _ in range(calls)]
         finally:
             rig.close()
 

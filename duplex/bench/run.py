@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import json
 import math
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -23,6 +25,7 @@ import numpy as np
 from duplex.bench import ceiling
 from duplex.bench.arrivals import Script, scripts
 from duplex.bench.codec import stream_vs_offline
+from duplex.bench.kv import MIXED_SESSIONS, KVPeak, mixed_contexts
 from duplex.bench.speech import utterances
 from duplex.engine import ChildSpec, EngineConfig, SchedulerConfig, start_engine
 from duplex.engine.engine import resolve_torch_threads
@@ -212,6 +215,8 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
                    arrivals: str = "herd", seed: int = 0) -> dict:
     engine.wait_idle()
     engine.stats.take()
+    kv_peak = KVPeak(engine)
+    sampler = asyncio.create_task(kv_peak.run())
     busy_before, steps_before = engine.stats.busy_s, engine.stats.steps
     cpu_before = engine.stats.busy_cpu_s
     runners = []
@@ -234,7 +239,9 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     try:
         await asyncio.gather(*(serve(c) for c in clients))
         held = [engine.bytes_held(c.session.session_id) for c in clients]
+        kv_peak.sample()
     finally:
+        sampler.cancel()
         opened = [c for c in clients if c.session is not None]
         for c in opened:
             c.session.carrier_gone()
@@ -255,6 +262,11 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
     steps = engine.stats.steps - steps_before
     stages = engine.stats.summary()
     frames = stages.get("codec", {}).get("items", 0)
+    # On a GPU the stage timers are the device's (duplex.engine.timing), and the engine
+    # thread's CPU time includes its waits for the device: what the GPU was busy with is the
+    # stages' sum, and a CPU share would say nothing of who computed.
+    gpu_s = (sum(sum(st.compute_ms) for st in engine.stats.stages.values()) / 1000
+             if str(engine.model.device).startswith("cuda") else None)
     return {
         "sessions": sessions,
         "realtime": realtime,
@@ -268,13 +280,17 @@ async def run_mode(engine, vad: VadService, sessions: int, duration_s: float,
         "rtf": round(busy / max(wall, 1e-9) / max(sessions, 1), 4),
         "engine_ms_per_session_frame": round(busy * 1000 / frames, 4) if frames else None,
         "engine_cpu_ms_per_session_frame": round(busy_cpu * 1000 / frames, 4) if frames else None,
-        "engine_cpu_share": round(busy_cpu / busy, 3) if busy else None,
+        "engine_cpu_share": round(busy_cpu / busy, 3) if busy and gpu_s is None else None,
+        "engine_gpu_ms_per_session_frame": (round(gpu_s * 1000 / frames, 4)
+                                            if gpu_s is not None and frames else None),
+        "engine_gpu_share": round(gpu_s / busy, 3) if gpu_s is not None and busy else None,
         "engine_steps": steps,
         "engine_ms_per_step": round(busy * 1000 / steps, 3) if steps else None,
         "rss_mb": _rss_mb(engine),
         "bytes_held_per_session": int(np.mean(held)) if held else 0,
         "bytes_held_after_close": left,
         "reply_audio_s": round(merged.reply_s, 2),
+        "kv": kv_peak.peak,
     }
 
 
@@ -311,26 +327,36 @@ def measure_ceiling(engine, stages: dict) -> dict:
     engine.wait_idle()
     measured = engine.query(partial(ceiling.measure,
                                     batches={name: load.batch for name, load in loads.items()}))
-    return ceiling.ceiling(loads, measured)
+    return ceiling.ceiling(loads, measured, stages)
 
 
 def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, baseline: bool,
           find: bool, limit: int, log=print, torch_threads: int = 0,
           scheduler: dict | None = None, in_process: bool = False, dtype: str = "auto",
           cuda_graphs: bool = False, arrivals: str = "herd", seed: int = 0,
-          pin_cpus: bool = False) -> dict:
+          pin_cpus: bool = False, batched_only: bool = False, kv_memory: float = 0.0,
+          kv_sessions: int = MIXED_SESSIONS, rounds: int = 1) -> dict:
     """`scheduler` overrides SchedulerConfig fields and `in_process` keeps the engine on a
-    thread (engine.process = false): the engine settings the server uses. `dtype` and
-    `cuda_graphs` and `pin_cpus` as model.dtype, engine.cuda_graphs and engine.pin_cpus. `arrivals` and `seed` say when
-    sessions start and how they talk (arrivals.py)."""
+    thread (engine.process = false): the engine settings the server uses. `dtype`,
+    `cuda_graphs`, `pin_cpus` and `kv_memory` as model.dtype and engine.cuda_graphs,
+    engine.pin_cpus and engine.kv_memory. `arrivals` and `seed` say when sessions start and
+    how they talk (arrivals.py). `batched_only` leaves out the per-session mode that `find`
+    and `baseline` add: one model build, no ratio. `kv_sessions`: sessions of mixed context
+    lengths the KV figures are also taken at (kv.py; 0: not measured). `rounds`: each mode's
+    run and its ceiling, that many times on one build; a mode reports its median round
+    (`_median`)."""
     vad = VadService()
-    echo_guard_warm_up()
+    # A GPU host may carry no livekit: the bench's callers never echo, so no canceller starts.
+    if importlib.util.find_spec("livekit") is not None:
+        echo_guard_warm_up()
     modes: dict[str, dict] = {}
     maxima: dict[str, int] = {}
-    codec_ratio = None
+    codec_ratio = kv_mixed = None
     model_name_seen = device = dtype_seen = None
+    startup: dict = {}
     try:
-        wanted = (("batched", True), ("baseline", False)) if find or baseline else (("batched", True),)
+        both = (find or baseline) and not batched_only
+        wanted = (("batched", True), ("baseline", False)) if both else (("batched", True),)
         for mode, batching in wanted:
             spec = ChildSpec(
                 model_name, cache_dir, "auto",
@@ -341,44 +367,46 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
                 dtype=dtype,
                 cuda_graphs=cuda_graphs,
                 pin_cpus=pin_cpus,
+                kv_memory=kv_memory,
             )
             engine = start_engine(spec, in_process)
             try:
                 model = engine.model
                 model_name_seen, device, dtype_seen = model.name, model.device, model.dtype
+                startup = model.startup
+                runs = []
+                for k in range(rounds):
+                    label = mode if rounds == 1 else f"{mode} round {k + 1}"
+                    runs.append(_round(engine, vad, find, sessions, duration_s, limit, log,
+                                       label, arrivals, seed))
+                modes[mode] = result = _median(runs, find)
                 if find:
-                    n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, mode,
-                                                     arrivals, seed))
-                    result = result or asyncio.run(
-                        run_mode(engine, vad, 1, duration_s, arrivals, seed))
-                    result["max_realtime_sessions"] = maxima[mode] = n
-                else:
-                    result = asyncio.run(
-                        run_mode(engine, vad, sessions, duration_s, arrivals, seed))
-                result.update(measure_ceiling(engine, result["stages"]))
-                if find:
-                    cap = result["ceiling_sessions"]
-                    result["efficiency"] = round(n / cap, 3) if cap else None
-                modes[mode] = result
+                    maxima[mode] = result["max_realtime_sessions"]
                 # The model's caches since the engine started (models.caches), measured apart.
                 result["caches"] = {name: asdict(s) for name, s in engine.cache_stats.items()}
+                # The decode steps since the engine started, by how they ran (graph replays).
+                result["graphs"] = engine.graph_stats
                 if codec_ratio is None:
                     codec_ratio = engine.query(stream_vs_offline)
+                if kv_sessions and kv_mixed is None:
+                    kv_mixed = engine.query(partial(mixed_contexts, sessions=kv_sessions))
             finally:
                 engine.stop()
     finally:
         vad.stop()
     ratio = None
-    if find:
+    if "baseline" in modes and find:
         ratio = round(maxima["batched"] / maxima["baseline"], 2) if maxima["baseline"] else None
-    elif baseline:
+    elif "baseline" in modes:
         b, s = modes["batched"]["rtf"], modes["baseline"]["rtf"]
         ratio = round(s / b, 2) if b else None
     for result in modes.values():
         result["codec_stream_vs_offline"] = codec_ratio
+        result["kv_mixed"] = kv_mixed
     return {
         "model": model_name_seen,
         "device": device,
+        "startup": startup,
         "dtype": dtype_seen,
         "cuda_graphs": cuda_graphs,
         "torch_threads": resolve_torch_threads(torch_threads),
@@ -391,8 +419,73 @@ def bench(model_name: str, cache_dir: str, sessions: int, duration_s: float, bas
     }
 
 
+def _round(engine, vad, find: bool, sessions: int, duration_s: float, limit: int, log,
+           label: str, arrivals: str, seed: int) -> dict:
+    """One run (the largest real-time count with `find`, else `sessions`) and its ceiling."""
+    if find:
+        n, result = asyncio.run(find_max(engine, vad, duration_s, limit, log, label,
+                                         arrivals, seed))
+        result = result or asyncio.run(run_mode(engine, vad, 1, duration_s, arrivals, seed))
+        result["max_realtime_sessions"] = n
+    else:
+        result = asyncio.run(run_mode(engine, vad, sessions, duration_s, arrivals, seed))
+    result.update(measure_ceiling(engine, result["stages"]))
+    if find:
+        cap = result["ceiling_sessions"]
+        result["efficiency"] = round(result["max_realtime_sessions"] / cap, 3) if cap else None
+    return result
+
+
+def _median(runs: list[dict], find: bool) -> dict:
+    """The median round of a mode (by efficiency with `find`, else by rtf), with every round's
+    figures beside it and, for more than one, the median and the range of each."""
+    key = "efficiency" if find else "rtf"
+    ranked = sorted(runs, key=lambda r: r.get(key) or 0.0)
+    result = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) == 1:
+        return result
+    figures = ("max_realtime_sessions", "ceiling_sessions", "efficiency") if find else (
+        "rtf", "ceiling_sessions")
+    result["rounds"] = [{f: r.get(f) for f in figures} for r in runs]
+    for f in figures:
+        values = [r[f] for r in runs if r.get(f) is not None]
+        if values:
+            result[f] = round(statistics.median(values), 3)
+            result[f"{f}_range"] = [min(values), max(values)]
+    return result
+
+
 def _num(value) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _kv_cells(figures: dict | None) -> str:
+    if not figures:
+        return "-"
+    mb = [figures[k] / 2**20 for k in ("allocated_bytes", "slot_pool_bytes", "needed_bytes")]
+    return " / ".join(f"{v:.1f}" for v in mb)
+
+
+def _steps_cells(paths: dict | None) -> str:
+    if not paths:
+        return "-"
+    return " / ".join(str(paths.get(p, 0)) for p in ("replays", "static", "eager"))
+
+
+def _mixed_label(report: dict) -> str:
+    mixed = next(iter(report["modes"].values())).get("kv_mixed")
+    if not mixed:
+        return "mixed contexts"
+    low, high = mixed["context_positions"]
+    return f"{mixed['sessions']} sessions of {low}-{high} positions"
+
+
+def _spread(mode: dict, figure: str) -> str:
+    """`low-high (n rounds)` of a figure measured in several rounds."""
+    span = mode.get(f"{figure}_range")
+    if not span:
+        return "-"
+    return f"{_num(span[0])}-{_num(span[1])} ({len(mode['rounds'])})"
 
 
 def table(report: dict) -> str:
@@ -421,17 +514,31 @@ def table(report: dict) -> str:
     row("engine ms / session frame", lambda m: _num(m["engine_ms_per_session_frame"]))
     row("engine CPU ms / session frame", lambda m: _num(m["engine_cpu_ms_per_session_frame"]))
     row("engine CPU share of busy", lambda m: _num(m["engine_cpu_share"]))
+    row("engine GPU ms / session frame", lambda m: _num(m["engine_gpu_ms_per_session_frame"]))
+    row("engine GPU share of busy", lambda m: _num(m["engine_gpu_share"]))
     row("ceiling ms / session frame", lambda m: _num(m["ceiling_ms_per_session_frame"]))
     row("ceiling sessions", lambda m: _num(m["ceiling_sessions"]))
     row("efficiency (max / ceiling)", lambda m: _num(m.get("efficiency")))
+    row("efficiency range (rounds)", lambda m: _spread(m, "efficiency"))
+    row("max sessions range (rounds)", lambda m: _spread(m, "max_realtime_sessions"))
     row("rss MB", lambda m: f"{m['rss_mb']:.0f}")
     row("bytes held / session", lambda m: str(m["bytes_held_per_session"]))
     row("bytes held after close", lambda m: str(m["bytes_held_after_close"]))
+    for kv_stage in sorted({s for m in report["modes"].values() for s in m["kv"]}):
+        row(f"kv {kv_stage} at peak: paged / slots / needed MiB",
+            lambda m, st=kv_stage: _kv_cells(m["kv"].get(st)))
+        row(f"kv {kv_stage} at {_mixed_label(report)}: paged / slots / needed MiB",
+            lambda m, st=kv_stage: _kv_cells((m["kv_mixed"] or {}).get("kv", {}).get(st)))
+    for stage in sorted({s for m in report["modes"].values() for s in m.get("graphs", {})}):
+        row(f"{stage} steps: replays / static / eager",
+            lambda m, st=stage: _steps_cells(m.get("graphs", {}).get(st)))
     stages = sorted({s for m in report["modes"].values() for s in m["stages"]})
     for st in stages:
         row(f"{st}: compute ms p50/p95", lambda m, st=st: pq(m["stages"][st]["compute_ms"]) if st in m["stages"] else "-")
         row(f"{st}: queue ms p50/p95", lambda m, st=st: pq(m["stages"][st]["queue_ms"]) if st in m["stages"] else "-")
         row(f"{st}: mean batch", lambda m, st=st: str(m["stages"][st]["mean_batch"]) if st in m["stages"] else "-")
+        row(f"{st}: engine / ceiling ms per frame",
+            lambda m, st=st: _num(m.get("ceiling_stages", {}).get(st, {}).get("engine_vs_ceiling")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
@@ -440,6 +547,11 @@ def table(report: dict) -> str:
         f"{report['arrivals']} arrivals, seed {report['seed']}); "
         f"ratio batched/baseline: {report['ratio']}"
     )
+    startup = report.get("startup") or {}
+    if startup:
+        parts = [f"{k}: {v}" for k, v in startup.items() if k != "warnings"]
+        parts += [f"WARNING {w}" for w in startup.get("warnings", ())]
+        lines.append("model startup: " + "; ".join(parts))
     codec = next(iter(report["modes"].values()))["codec_stream_vs_offline"]
     if codec:
         lines.append(f"codec streaming vs offline cost per frame: {codec}")

@@ -1,7 +1,8 @@
 """What the bench's callers say: eight requests to a voice assistant, spoken by espeak-ng.
 
-The recordings ship with the package (duplex/bench/speech/*.flac), so a bench runs where
-espeak-ng is not installed. Each runs from its first sounding sample to its last: a detector is
+The recordings ship with the package (duplex/bench/speech/*.wav), so a bench runs where
+espeak-ng is not installed; as WAV, read by the standard library, so it runs where PyAV is not
+installed either (a GPU host carrying only what the bench needs). Each runs from its first sounding sample to its last: a detector is
 timed from the onset of the speech and a reply from its end, not from a synthesizer's lead-in
 and trailing silence. `python -m duplex.bench.speech`
 records them again (it needs espeak-ng).
@@ -18,8 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import soxr
-
-from duplex.store.context import decode_flac, encode_flac
 
 # No digits: Whisper writes numbers as figures, and the transcription tests that speak these
 # measure recognition, not number formatting.
@@ -68,11 +67,11 @@ def onset(pcm: np.ndarray) -> int:
 
 
 def _path(index: int) -> Path:
-    return RECORDINGS / f"utterance{index}.flac"
+    return RECORDINGS / f"utterance{index}.wav"
 
 
 def record(directory: Path = RECORDINGS) -> list[Path]:
-    """Speak every text with espeak-ng and write its speech, silence cut, as FLAC."""
+    """Speak every text with espeak-ng and write its speech, silence cut, as 16-bit WAV."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, text in enumerate(TEXTS):
@@ -80,7 +79,11 @@ def record(directory: Path = RECORDINGS) -> list[Path]:
         pcm = soxr.resample(speech_only(pcm), rate, RECORDED_RATE)
         pcm16 = np.round(pcm * 32768).clip(-32768, 32767).astype(np.int16)
         path = directory / _path(i).name
-        path.write_bytes(encode_flac(pcm16, RECORDED_RATE))
+        with wave.open(str(path), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(RECORDED_RATE)
+            w.writeframes(pcm16.astype("<i2").tobytes())
         paths.append(path)
     return paths
 
@@ -90,7 +93,9 @@ def utterances(rate: int) -> tuple[np.ndarray, ...]:
     """The bundled recordings, in the order of TEXTS, as float32 at `rate`."""
     out = []
     for i in range(len(TEXTS)):
-        pcm = decode_flac(_path(i).read_bytes()).astype(np.float32) / 32768
+        with wave.open(str(_path(i)), "rb") as w:
+            pcm16 = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+        pcm = pcm16.astype(np.float32) / 32768
         if rate != RECORDED_RATE:
             pcm = soxr.resample(pcm, RECORDED_RATE, rate).astype(np.float32)
         out.append(pcm)

@@ -27,7 +27,7 @@ from duplex.engine.lockstep import TickCost, admit_duplex
 from duplex.engine.scheduler import Drop, SessionFailed
 from duplex.engine.stats import EngineStats
 from duplex.media import Framer
-from models.base import ReplyTurn, TextTurn
+from models.base import KVStats, Mark, ReplyTurn, Rewind, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -43,9 +43,11 @@ class AdmissionRefused(Exception):
         self.limit = limit
 
 
-def admit(n_open: int, load: float, config: EngineConfig) -> None:
+def admit(n_open: int, load: float, config: EngineConfig,
+          kv: dict[str, KVStats] | None = None, unreported: int = 0) -> None:
     """Raise AdmissionRefused if one more session would pass a limit; `load` is the measured
-    busy fraction with `n_open` sessions."""
+    busy fraction with `n_open` sessions, `kv` the KV pools as last reported, before
+    `unreported` sessions opened since."""
     if n_open >= config.max_sessions:
         raise AdmissionRefused(
             f"engine is full: {n_open} sessions open (limit engine.max_sessions="
@@ -59,6 +61,14 @@ def admit(n_open: int, load: float, config: EngineConfig) -> None:
             f"{projected:.0%} with one more (limit engine.max_load={config.max_load:.0%})",
             "engine.max_load",
         )
+    for stage, pool in (kv or {}).items():
+        if pool.sessions_admissible - unreported <= 0:
+            raise AdmissionRefused(
+                f"KV memory is full: the {stage} pool has {pool.blocks_free} of "
+                f"{pool.blocks_total} blocks free beside what open sessions hold, and a "
+                f"session needs {pool.session_blocks} (limit engine.kv_memory)",
+                "engine.kv_memory",
+            )
 
 
 @dataclass(frozen=True)
@@ -79,13 +89,17 @@ class ModelInfo:
     duplex_delay_frames: int | None = None
     """Native full duplex: the model's fixed delay in frames; None for turns only."""
     restores_context: bool = False
+    rewinds_context: bool = False
+    startup: dict[str, Any] = field(default_factory=dict)
+    """What the model prepared and checked before serving (`DuplexModel.warm_up`)."""
 
     @classmethod
-    def of(cls, model) -> ModelInfo:
+    def of(cls, model, startup: dict[str, Any] | None = None) -> ModelInfo:
         return cls(model.name, model.device, model.dtype, model.input_rate, model.output_rate,
                    model.supports_video, model.accepts_text, model.accepts_partial_chunks,
                    model.input_chunk_samples, tuple(model.voices), model.default_voice,
-                   model.duplex_delay_frames, model.restores_context)
+                   model.duplex_delay_frames, model.restores_context, model.rewinds_context,
+                   startup or {})
 
 
 @dataclass
@@ -119,6 +133,12 @@ class EngineClient(ABC):
         self._core_alive = True
         self.cache_stats: dict[str, CacheStats] = {}
         """The model's cache counters as of the core's last report."""
+        self.kv_stats: dict[str, KVStats] = {}
+        """The model's paged KV pools as of the core's last report."""
+        self.graph_stats: dict[str, dict[str, int]] = {}
+        """The model's decode steps by how they ran (graph replays, eager), as of the core's
+        last report."""
+        self._core_sessions = 0
         self.duplex_tick: TickCost | None = None
         self._duplex: set[str] = set()
 
@@ -144,12 +164,18 @@ class EngineClient(ABC):
             if self._gone is not None:
                 raise AdmissionRefused(f"engine process is not running ({self._gone})",
                                        "engine.process")
-            admit(len(self._callers), self.load, self.config)
+            self.admit()
             if session_id in self._callers:
                 raise KeyError(f"session {session_id} is already open")
             self._callers[session_id] = deliver
             self._framers[session_id] = Framer(self.model.input_chunk_samples)
         self._submit(m.OpenSession(session_id))
+
+    def admit(self) -> None:
+        """Raise AdmissionRefused if one more session would pass a limit now."""
+        n_open = len(self._callers)
+        admit(n_open, self.load, self.config, self.kv_stats,
+              max(0, n_open - self._core_sessions))
 
     def push_audio(self, session_id: str, pcm: np.ndarray) -> None:
         """Float32 mono at model.input_rate; framed here, so the core takes one request per
@@ -183,6 +209,26 @@ class EngineClient(ABC):
             return
         self._flush(session_id, framer)
         self._submit(m.PushText(session_id, turn))
+
+    def mark(self, session_id: str, key: int) -> None:
+        """An item boundary in the model's context; the audio before it ends there (its last
+        chunk padded as a commit pads it)."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.rewinds_context:
+            return
+        self._flush(session_id, framer)
+        self._submit(m.PushText(session_id, Mark(key)))
+
+    def rewind(self, session_id: str, key: int,
+               system: tuple[str, tuple[dict[str, Any], ...]] | None = None) -> None:
+        """The model's context back to the boundary `key` (where it reaches the head, opened
+        again with `system`: instructions and tools); audio not yet framed is dropped with
+        what follows it."""
+        framer = self._framer(session_id)
+        if framer is None or not self.model.rewinds_context:
+            return
+        framer.flush()
+        self._submit(m.PushText(session_id, Rewind(key, system)))
 
     def instruct(self, session_id: str, instructions: str,
                  tools: tuple[dict[str, Any], ...]) -> None:
@@ -320,6 +366,8 @@ class EngineClient(ABC):
                 output.load, output.busy_s, output.steps, output.alive)
             self.stats.busy_cpu_s = output.busy_cpu_s
             self.cache_stats = output.caches
+            self.kv_stats, self._core_sessions = output.kv, output.sessions
+            self.graph_stats = output.graphs
             self.duplex_tick = output.duplex_tick
         elif isinstance(output, m.Reply):
             waiter = self._waiters.get(output.token)

@@ -30,6 +30,7 @@ from duplex.engine.scheduler import (
     StepPlan,
 )
 from duplex.engine.stats import EngineStats
+from duplex.engine.timing import StageClock
 from models.base import DuplexModel, ModelState
 
 log = logging.getLogger("duplex.engine")
@@ -73,6 +74,7 @@ class EngineCore:
             token_lead=min(base.token_lead, model.max_thinker_lead)))
         self.version = model.name
         self.stats = EngineStats()
+        self.stage_clock = StageClock(model.device, clock)
         self.load = 0.0
         self._states: dict[str, ModelState] = {}
         self._requests: queue.SimpleQueue[m.Request | None] = queue.SimpleQueue()
@@ -80,9 +82,13 @@ class EngineCore:
         self._stopping = threading.Event()
         self._last_report = 0.0
         self.lockstep = (
-            Lockstep(model, config.duplex_max_lag_ms, self.stats, config.batching, clock)
+            Lockstep(model, config.duplex_max_lag_ms, self.stats, config.batching, clock,
+                     self.stage_clock)
             if model.duplex_delay_frames else None
         )
+        largest = min(self.scheduler.config.max_batch, config.max_sessions)
+        self.startup = model.warm_up(largest if config.batching else 1)
+        """What the model prepared and checked before serving (`DuplexModel.warm_up`)."""
 
     # -- any thread -------------------------------------------------------------------------
 
@@ -155,6 +161,7 @@ class EngineCore:
 
     def _report(self, alive: bool = True) -> None:
         self._last_report = self.clock()
+        self.stage_clock.collect(wait=True)
         drops, self.scheduler.drops = self.scheduler.drops, []
         lockstep = self.lockstep
         if lockstep is not None:
@@ -163,7 +170,8 @@ class EngineCore:
         self.emit(m.Report(self._bytes_held() if alive else {}, drops, self.stats.take(),
                            self.load, self.stats.busy_s, self.stats.steps, alive,
                            self.model.cache_stats(), lockstep.cost() if lockstep else None,
-                           busy_cpu_s=self.stats.busy_cpu_s))
+                           busy_cpu_s=self.stats.busy_cpu_s, kv=self.model.kv_stats(),
+                           sessions=len(self._states), graphs=self.model.graph_stats()))
 
     def _bytes_held(self) -> dict[str, int]:
         """What each session holds, counted when a report goes out (not after every step and
@@ -271,6 +279,7 @@ class EngineCore:
                 self.emit(SessionFailed(sid, f"{type(exc).__name__}: {exc}"))
                 self._close(m.CloseSession(sid))
             return self.clock() - start
+        self.stage_clock.collect()
         if events:
             self.emit(m.StepEvents(tuple(events)))
         return self.clock() - start if events else 0.0
@@ -307,11 +316,11 @@ class EngineCore:
             groups = [batch.entries] if self.config.batching else [(e,) for e in batch.entries]
             out: list[Any] = []
             for entries in groups:
-                t0 = self.clock()
-                out += self._call(batch.stage, entries)
-                st.compute_ms.append((self.clock() - t0) * 1000)
+                with self.stage_clock.timed(st.compute_ms):
+                    out += self._call(batch.stage, entries)
                 st.batch_sizes.append(len(entries))
             results.put(batch.stage, out)
+        self.stage_clock.collect()
         events = self.scheduler.update(plan, results, self.clock(), self.version)
         if events:
             self.emit(m.StepEvents(tuple(events)))

@@ -34,8 +34,8 @@ class Engine(EngineClient):
     def __init__(self, model: DuplexModel, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(config or EngineConfig())
-        self.model = ModelInfo.of(model)
         self._core = EngineCore(model, self.config, self._on_output, clock)
+        self.model = ModelInfo.of(model, self._core.startup)
 
     def _submit(self, request: m.Request) -> None:
         self._core.submit(request)

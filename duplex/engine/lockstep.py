@@ -30,6 +30,7 @@ import numpy as np
 
 from duplex.engine.scheduler import Drop
 from duplex.engine.stats import EngineStats
+from duplex.engine.timing import StageClock
 from models.base import DuplexModel, ModelState
 
 JOIN_EARLY = 0.5
@@ -98,9 +99,13 @@ class TickCost:
 
 class Lockstep:
     def __init__(self, model: DuplexModel, max_lag_ms: int, stats: EngineStats,
-                 batching: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 batching: bool = True, clock: Callable[[], float] = time.monotonic,
+                 stage_clock: StageClock | None = None) -> None:
+        """`stage_clock` times each stage call of a step (the tick itself is wall time: what
+        the frame budget is spent on)."""
         self.model = model
         self.clock = clock
+        self.stage_clock = stage_clock or StageClock(model.device, clock)
         self.frame = model.input_chunk_samples
         self.frame_s = self.frame / model.input_rate
         self.max_lag_s = max_lag_ms / 1000
@@ -206,10 +211,9 @@ class Lockstep:
 
     @contextmanager
     def _timer(self, stage: str, batch_size: int):
-        t0 = self.clock()
-        yield
         st = self.stats.stages[f"duplex_{stage}"]
-        st.compute_ms.append((self.clock() - t0) * 1000)
+        with self.stage_clock.timed(st.compute_ms):
+            yield
         st.batch_sizes.append(batch_size)
 
     def cost(self) -> TickCost | None:

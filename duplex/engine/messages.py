@@ -27,7 +27,7 @@ from duplex.engine.scheduler import (
     TextOut,
     ToolCallOut,
 )
-from models.base import ReplyTurn, TextTurn
+from models.base import KVStats, Mark, ReplyTurn, Rewind, TextTurn
 from models.caches import CacheStats
 from models.reply import ReplySpec
 
@@ -56,7 +56,8 @@ class PushFrame:
 @dataclass(frozen=True, slots=True)
 class PushText:
     session_id: str
-    turn: TextTurn | ReplyTurn
+    turn: TextTurn | ReplyTurn | Mark | Rewind
+    """Taken into the context in order with the audio and frames pushed before it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,13 @@ class Report:
     busy_cpu_s: float = 0.0
     """CPU time the core's thread had during its busy_s: less than busy_s when other work
     shares the cores and the engine waits for one."""
+    kv: dict[str, KVStats] = field(default_factory=dict)
+    """The model's paged KV pools by stage (`DuplexModel.kv_stats`)."""
+    sessions: int = 0
+    """Sessions the core holds: those a caller opened since are not in `kv` yet."""
+    graphs: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The model's fixed-shape steps since it started, by stage and how they ran
+    (`DuplexModel.graph_stats`: CUDA graph replays, fixed buffers, eager)."""
 
 
 @dataclass(frozen=True, slots=True)

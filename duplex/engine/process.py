@@ -57,6 +57,8 @@ class ChildSpec:
     dtype: str = "auto"
     cuda_graphs: bool = False
     pin_cpus: bool = False
+    kv_memory: float = 0.0
+    """The KV pools' budget (`engine.kv_memory`)."""
     cpus: tuple[int, ...] = ()
     """The CPUs the child runs on (set by `EngineProcess.start` when pinning); empty: any."""
 
@@ -229,18 +231,18 @@ def child() -> None:
         conn.send(StartFailed(str(exc)))
         return
 
-    def emit(output: m.Output) -> None:
-        # Only the core's thread emits, so writes never interleave.
-        try:
-            conn.send(output)
-        except OSError:
-            pass
-
+    # Outputs leave through a writer thread of their own: pickling a step's PCM and writing it
+    # (hundreds of kB at the maximum, more than the socket holds) waits on the parent's reader,
+    # and the engine's thread would wait with it instead of starting the next step.
+    outbox: queue.SimpleQueue[m.Output | Ready | None] = queue.SimpleQueue()
+    writer = threading.Thread(target=_write, args=(conn, outbox), name="duplex-engine-writer",
+                              daemon=True)
     # The parent admits sessions against the load this child reports; a second check here
     # could refuse a session the parent has already told its client about.
-    core = EngineCore(model, replace(spec.config, max_load=math.inf), emit)
+    core = EngineCore(model, replace(spec.config, max_load=math.inf), outbox.put)
+    outbox.put(Ready(ModelInfo.of(model, core.startup)))
+    writer.start()
     core.start()
-    conn.send(Ready(ModelInfo.of(model)))
     try:
         while True:
             try:
@@ -253,6 +255,17 @@ def child() -> None:
                 core.submit(request)
     finally:
         core.stop()
+        outbox.put(None)
+        writer.join(timeout=10)
+
+
+def _write(conn: Connection, outbox: queue.SimpleQueue) -> None:
+    """Send what the core emits, in order, until None; the one writer of `conn`."""
+    while (output := outbox.get()) is not None:
+        try:
+            conn.send(output)
+        except OSError:
+            return
 
 
 def split_cpus(torch_threads: int) -> tuple[set[int], set[int]] | None:
@@ -284,7 +297,8 @@ def load_spec(spec: ChildSpec):
     from models.registry import load_model
 
     return load_model(
-        spec.model_name, spec.cache_dir, spec.device, spec.dtype, spec.cuda_graphs, spec.caches
+        spec.model_name, spec.cache_dir, spec.device, spec.dtype, spec.cuda_graphs, spec.caches,
+        spec.kv_memory,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from duplex.engine.payload import INPUT_KINDS, Kind, Payload
 from duplex.engine.thinker_text import Piece, Speech, ThinkerText
 from duplex.media.rates import REALTIME_RATE
-from models.base import TalkerFrame, TextTurn, ThinkerToken
+from models.base import Mark, ReplyTurn, Rewind, TalkerFrame, TextTurn, ThinkerToken
 from models.reply import ReplySpec
 
 
@@ -115,8 +115,9 @@ class ResponseFinished:
     epoch: int
     n_samples: int
     reason: str = "completed"
-    """completed, max_output_tokens when the reply was cut at its token limit, or
-    context_length_exceeded when its context was full and truncation disabled."""
+    """completed, max_output_tokens when the reply was cut at its token limit,
+    context_length_exceeded when its context was full and truncation disabled, or server_full
+    when the KV memory had no room for it."""
     usage: dict[str, Any] | None = None
     """What the model reported of the reply's context, and `output_tokens`."""
 
@@ -279,8 +280,10 @@ class Scheduler:
         """A sampled camera frame, placed in the input sequence at the audio received so far."""
         self._push(session_id, Kind.FRAME_IN, frame, 0, now, version)
 
-    def push_text(self, session_id: str, turn: TextTurn, now: float, version: str) -> None:
-        """Text needs no encoder: it joins the encoded input directly, in arrival order."""
+    def push_text(self, session_id: str, turn: TextTurn | ReplyTurn | Mark | Rewind, now: float,
+                  version: str) -> None:
+        """Text (and a context's marks and rewinds) needs no encoder: it joins the encoded
+        input directly, in arrival order."""
         self._push(session_id, Kind.FEATURES, turn, 0, now, version)
 
     def _push(self, session_id: str, kind: Kind, data: Any, n_samples: int, now: float,

@@ -30,6 +30,7 @@ class StageStats:
             "mean_batch": round(float(np.mean(self.batch_sizes)), 3) if self.batch_sizes else None,
             "calls": len(self.batch_sizes),
             "items": int(sum(self.batch_sizes)),
+            "total_ms": round(float(sum(self.compute_ms)), 3),
         }
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
+from duplex.smart_turn.service import TurnEndService
 
 log = logging.getLogger("duplex.vad")
 _CONTEXT = 64
@@ -112,8 +113,13 @@ class VadService:
     at once, taking along whatever the other sessions sent so far.
     """
 
-    def __init__(self, gather_s: float = VAD_CHUNK / VAD_RATE) -> None:
+    def __init__(self, gather_s: float = VAD_CHUNK / VAD_RATE,
+                 turn_end: TurnEndService | None = None) -> None:
         self.gather_s = gather_s
+        self.turn_end = turn_end
+        """The end-of-turn model's worker, which semantic_vad asks at a pause (its own thread:
+        a score costs tens of milliseconds, which no session's speech detection waits for);
+        None on a server without it."""
         self._vad = SileroVAD()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="duplex-vad", daemon=True)
@@ -132,6 +138,8 @@ class VadService:
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+        if self.turn_end is not None:
+            self.turn_end.stop()
 
     def _run(self) -> None:
         while True:

@@ -20,6 +20,10 @@ declares one), caught up on the last second of audio so that it has converged by
 stays for the call: a speakerphone remains one.
 
 Only the speech detector's audio passes through here; the model hears the microphone as sent.
+
+`livekit` is imported when a canceller first starts, not with this module: the bench and the
+GPU check run the same session loop on hosts that carry no livekit (78 MB installed), and
+their callers never echo, so no canceller starts there.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from livekit import rtc
 
 from duplex.media.rates import VAD_RATE
 from duplex.media.resample import Resampler
@@ -168,6 +171,8 @@ class EchoGuard:
         return self._apm is not None
 
     def _cancel(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        from livekit import rtc
+
         if self._apm is None:
             s = self.strength
             self._apm = rtc.AudioProcessingModule(
@@ -181,8 +186,8 @@ class EchoGuard:
             self._recent_samples = 0
         out = np.empty_like(mic)
         for i in range(0, len(mic), FRAME):
-            self._apm.process_reverse_stream(_frame(ref[i : i + FRAME]))
-            frame = _frame(mic[i : i + FRAME])
+            self._apm.process_reverse_stream(_frame(rtc, ref[i : i + FRAME]))
+            frame = _frame(rtc, mic[i : i + FRAME])
             self._apm.process_stream(frame)
             out[i : i + FRAME] = np.frombuffer(bytes(frame.data), np.int16) / 32768
         return out
@@ -224,11 +229,14 @@ def _decimate(x: np.ndarray) -> np.ndarray:
 def warm_up() -> None:
     """Start the canceller's native side (a few hundred ms, once per process) before the
     first session needs it, not on its event loop in the middle of a reply."""
+    from livekit import rtc
+
     apm = rtc.AudioProcessingModule(echo_cancellation=True)
-    apm.process_reverse_stream(_frame(np.zeros(FRAME, np.float32)))
-    apm.process_stream(_frame(np.zeros(FRAME, np.float32)))
+    apm.process_reverse_stream(_frame(rtc, np.zeros(FRAME, np.float32)))
+    apm.process_stream(_frame(rtc, np.zeros(FRAME, np.float32)))
 
 
-def _frame(x: np.ndarray) -> rtc.AudioFrame:
+def _frame(rtc, x: np.ndarray):
+    """10 ms of float audio as the canceller's 16-bit frame."""
     data = (np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes()
     return rtc.AudioFrame(data, VAD_RATE, 1, FRAME)

@@ -2,12 +2,14 @@
 
 import io
 
-import av
 import numpy as np
 
 
 def decode_image(data: bytes) -> np.ndarray:
     """RGB uint8 (H, W, 3); ValueError when the bytes are not an image FFmpeg can read."""
+    # Imported here: the bench imports the Realtime session on hosts that carry no PyAV.
+    import av
+
     try:
         with av.open(io.BytesIO(data)) as container:
             frame = next(container.decode(video=0))

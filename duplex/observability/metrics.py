@@ -7,6 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from duplex import __version__
+from models.base import KVStats
 from models.caches import FEATURE, PREFIX, CacheStats
 
 REFUSAL_REASONS = {"limits.sessions": "sessions",
@@ -68,6 +69,14 @@ class Metrics:
             "Onset of the user's speech over a reply (media clock) to the reply being cut",
             buckets=latency, registry=self.registry,
         )
+        self.turns_ended = Counter(
+            "duplex_turns_ended", "User turns ended and committed by the turn detector, by what "
+            "ended them: silence (server_vad), model (semantic_vad's end-of-turn model judged "
+            "the turn complete at a pause) or fallback (semantic_vad's longest wait)", ["by"],
+            registry=self.registry,
+        )
+        for by in ("silence", "model", "fallback"):
+            self.turns_ended.labels(by)
         self.interruptions = Counter(
             "duplex_interruptions", "Replies cut by the user's speech over them",
             registry=self.registry,
@@ -90,6 +99,10 @@ class Metrics:
         )
         self.caches = _CacheCollector()
         self.registry.register(self.caches)
+        self.kv = _KVCollector()
+        self.registry.register(self.kv)
+        self.steps = _StepsCollector()
+        self.registry.register(self.steps)
 
     def count_refusal(self, limit: str) -> None:
         """A session refused at `limit` (the setting's name, `limits.sessions` ...)."""
@@ -112,6 +125,8 @@ class Metrics:
             self.dropped.labels(drop.kind, drop.reason).inc(drop.n)
         self.bytes_held.set(engine.total_bytes_held())
         self.caches.stats = dict(engine.cache_stats)
+        self.kv.stats = dict(getattr(engine, "kv_stats", {}))
+        self.steps.stats = dict(getattr(engine, "graph_stats", {}))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -140,3 +155,40 @@ class _CacheCollector:
                                     value=stats.bytes)
             yield GaugeMetricFamily(f"duplex_{name}_cache_budget_bytes",
                                     f"{what}: bytes it may hold", value=stats.budget_bytes)
+
+
+class _KVCollector:
+    """`duplex_kv_*{stage}` from the engine's last report: the paged KV pools of the model's
+    stages (none for a model whose KV is not paged)."""
+
+    _GAUGES = (("blocks_total", "KV blocks in the stage's pool"),
+               ("blocks_used", "KV blocks holding positions (sessions' and the prefix cache's)"),
+               ("block_bytes", "bytes of one KV block (every layer's keys and values)"))
+
+    def __init__(self) -> None:
+        self.stats: dict[str, KVStats] = {}
+
+    def collect(self):
+        for field, help_text in self._GAUGES:
+            family = GaugeMetricFamily(f"duplex_kv_{field}", help_text, labels=["stage"])
+            for stage, stats in self.stats.items():
+                family.add_metric([stage], getattr(stats, field))
+            yield family
+
+
+class _StepsCollector:
+    """`duplex_model_steps_total{stage,path}` from the engine's last report: the model's
+    fixed-shape steps (Thinker and Talker decode, the code predictor's frames) by how they ran:
+    replays (a CUDA graph captured at start), static (its buffers without a graph), eager. None
+    for a model without such steps."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, dict[str, int]] = {}
+
+    def collect(self):
+        family = CounterMetricFamily("duplex_model_steps", "Model steps by stage and by how they "
+                                     "ran (replays: a CUDA graph)", labels=["stage", "path"])
+        for stage, paths in self.stats.items():
+            for path, n in paths.items():
+                family.add_metric([stage, path], n)
+        yield family

@@ -39,6 +39,9 @@ class SpeechStarted:
 @dataclass(frozen=True, slots=True)
 class SpeechStopped:
     at_sample: int
+    ended_by: str = "silence"
+    """What ended the turn: silence (server_vad's silence_duration_ms), model (the end-of-turn
+    model judged it complete at a pause) or fallback (semantic_vad's longest wait)."""
 
 
 @dataclass(frozen=True, slots=True)

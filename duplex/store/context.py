@@ -1,8 +1,10 @@
 """The model's context as the listener heard it: what a node needs to rebuild it after a resume.
 
 A session records what it hands the engine in the order it hands it: the system turn that opened
-the context, user audio at the model's input rate, text turns (text items, tool outputs) and
-each reply as the token ids the listener heard (a reply cut by a barge-in or a dropped
+the context, user audio at the model's input rate, text turns (text items, tool outputs, system
+and assistant messages, function calls), where each conversation item's part starts (its unit:
+an edit of the conversation rewinds the record with the model and lays the units after the
+edit again from here) and each reply as the token ids the listener heard (a reply cut by a barge-in or a dropped
 connection keeps only the tokens whose audio had started playing). Another node replays it
 through the ordinary engine calls, so the audio is re-encoded and everything is re-prefilled in
 the normal batched stages, in order, before any later reply can begin.
@@ -27,6 +29,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -171,13 +174,16 @@ class ReplySpan:
     """(place in the reply, where their audio starts in it, ids); None: never voiced."""
     saved: tuple[list[int], Part] | None = None
     """The ids last saved and their part."""
+    speed: Fraction = Fraction(1)
+    """The speed it was voiced at (audio.output.speed): a token's audio that starts at
+    `start` of the reply reaches the listener at `start / speed`."""
 
     def heard_ids(self, heard: int | None, scale: float) -> list[int]:
         """The reply's tokens in order, up to the first whose audio had not started."""
         ids: list[int] = []
         for place, start, part in sorted(self.tokens):
             if place != len(ids) or (heard is not None and start is not None
-                                     and start * scale >= heard):
+                                     and start * scale >= heard * self.speed):
                 break
             ids += part
         return ids
@@ -191,7 +197,23 @@ class ReplySpan:
         return self.saved[1]
 
 
-Span = AudioSpan | TextSpan | ReplySpan
+@dataclass
+class MarkSpan:
+    """Where a conversation item's part of the context (its unit) starts."""
+
+    key: int
+
+
+@dataclass
+class ImageSpan:
+    """An image the user sent: kept to lay it again after an edit, not saved (a resume puts
+    back the conversation's words and sounds, not its pictures)."""
+
+    data: bytes
+
+
+Span = AudioSpan | TextSpan | ReplySpan | MarkSpan | ImageSpan
+_UNSAVED = (MarkSpan, ImageSpan)
 
 
 @dataclass(frozen=True)
@@ -236,7 +258,8 @@ class ContextRecord:
     def instruct(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> None:
         """Only the system turn that opens the context matters: later ones enter the context
         with the next reply (its spec), as the model places them."""
-        if not self.spans and self.head != (instructions, tuple(tools)):
+        held = any(not isinstance(span, MarkSpan) for span in self.spans)
+        if not held and self.head != (instructions, tuple(tools)):
             self.head = (instructions, tuple(tools))
             self._head_part = Part(self._name(), json.dumps(
                 {"instructions": instructions, "tools": list(tools)}), 0)
@@ -251,8 +274,8 @@ class ContextRecord:
         self.spans.append(TextSpan(text, role, self._name()))
 
     def reply(self, core_id: int, epoch: int, instructions: str,
-              tools: tuple[dict[str, Any], ...]) -> None:
-        self.spans.append(ReplySpan(core_id, epoch, instructions, tuple(tools)))
+              tools: tuple[dict[str, Any], ...], speed: Fraction = Fraction(1)) -> None:
+        self.spans.append(ReplySpan(core_id, epoch, instructions, tuple(tools), speed=speed))
 
     def tokens(self, epoch: int, ids: tuple[int, ...], media_start: int | None,
                place: int) -> None:
@@ -260,6 +283,37 @@ class ContextRecord:
         last = next((s for s in reversed(self.spans) if isinstance(s, ReplySpan)), None)
         if last is not None and last.epoch == epoch and last.core_id is not None:
             last.tokens.append((place, media_start, tuple(ids)))
+
+    def mark(self, key: int) -> None:
+        self.spans.append(MarkSpan(key))
+
+    def image(self, data: bytes) -> None:
+        self.spans.append(ImageSpan(data))
+
+    def rewind(self, key: int) -> dict[int, list[Span]]:
+        """Take out the unit `key` and every span after it, as the model forgets them; returns
+        what each unit taken out held, to lay it again. A unit the byte cap left out takes
+        everything still here with it."""
+        at = next((i for i in range(len(self.spans) - 1, -1, -1)
+                   if isinstance(self.spans[i], MarkSpan) and self.spans[i].key == key), 0)
+        cut, self.spans = self.spans[at:], self.spans[:at]
+        units: dict[int, list[Span]] = {}
+        current: list[Span] | None = None
+        for span in cut:
+            if isinstance(span, MarkSpan):
+                current = units.setdefault(span.key, [])
+            elif current is not None:
+                current.append(span)
+        return units
+
+    def replayed_reply(self, span: ReplySpan, ids: list[int]) -> None:
+        """A reply laid again as heard: it holds those ids from now on."""
+        again = ReplySpan(None, -1, span.instructions, span.tools)
+        again.tokens = [(0, None, tuple(ids))] if ids else []
+        self.spans.append(again)
+
+    def units(self) -> list[int]:
+        return [span.key for span in self.spans if isinstance(span, MarkSpan)]
 
     def clear_input(self) -> None:
         """The user cleared the input buffer: the audio since the last turn is gone."""
@@ -275,34 +329,43 @@ class ContextRecord:
         Its index is small JSON naming the parts in order; a part keeps its name (and the
         registry its copy) while it is unchanged, so a save writes the index and the parts
         new since the last."""
-        entries: list[tuple[str, list[Part]]] = []
+        entries: list[tuple[Span, str, list[Part]]] = []
         for span in self.spans:
+            if isinstance(span, _UNSAVED):
+                continue
             if isinstance(span, AudioSpan):
                 blocks = span.saved(self.input_rate, self._name)
-                entries.append(("audio", [b.part() for b in blocks]))
+                entries.append((span, "audio", [b.part() for b in blocks]))
             elif isinstance(span, TextSpan):
-                entries.append(("text", [span.part()]))
+                entries.append((span, "text", [span.part()]))
             else:
                 h = heard(span.core_id) if span.core_id is not None else None
-                entries.append(("reply", [span.part(span.heard_ids(h, self.scale), self._name)]))
-        size = sum(p.size for _, parts in entries for p in parts)
-        # What the cap leaves out is let go here too (entries and spans start alike): left
-        # out now, it would be left out of every later save, and a long call's record would
-        # otherwise hold all its audio for as long as the call lasts.
+                entries.append((span, "reply",
+                                [span.part(span.heard_ids(h, self.scale), self._name)]))
+        size = sum(p.size for _, _, parts in entries for p in parts)
+        # What the cap leaves out is let go here too: left out now, it would be left out of
+        # every later save, and a long call's record would otherwise hold all its audio for
+        # as long as the call lasts.
         while entries and size > self.max_bytes:
-            parts = entries[0][1]
+            span, _, parts = entries[0]
             if len(parts) > 1:
                 # One long stretch of audio (a long silence under server VAD) loses its
                 # oldest block, not all of it.
                 size -= parts.pop(0).size
-                span = self.spans[0]
                 if isinstance(span, AudioSpan) and span.blocks:
                     span.blocks.pop(0)
                 continue
-            size -= sum(p.size for p in entries.pop(0)[1])
-            del self.spans[0]
+            size -= sum(p.size for p in entries.pop(0)[2])
+            # The span goes, with the marks and images before it.
+            del self.spans[: next(i for i, s in enumerate(self.spans) if s is span) + 1]
             self.left_out += 1
-        kept = [p for _, parts in entries for p in parts]
+        units, saved = [], 0
+        for span in self.spans:
+            if isinstance(span, MarkSpan):
+                units.append([saved, span.key])
+            elif not isinstance(span, ImageSpan):
+                saved += 1
+        kept = [p for _, _, parts in entries for p in parts]
         if self._head_part is not None:
             kept.append(self._head_part)
         index: dict[str, Any] = {
@@ -311,8 +374,8 @@ class ContextRecord:
             # another model's and resumes without the context.
             "input_rate": self.input_rate, "named": self._named,
             "head": self._head_part.name if self._head_part is not None else None,
-            "entries": [{kind: [p.name for p in parts]} for kind, parts in entries],
-            "left_out": self.left_out}
+            "entries": [{kind: [p.name for p in parts]} for _, kind, parts in entries],
+            "left_out": self.left_out, "units": units}
         if resamplers is not None:
             index["resampler"] = _state_json(resamplers.model)
             if resamplers.g711 is not None:
@@ -343,7 +406,9 @@ class ContextRecord:
             g711 = index.get("g711_resampler")
             record.resamplers = InputResamplers(_state_from_json(r),
                                                 None if g711 is None else _state_from_json(g711))
-        for entry in index["entries"]:
+        marks = index.get("units", [])
+        for at, entry in enumerate(index["entries"]):
+            record.spans += [MarkSpan(key) for place, key in marks if place == at]
             [(kind, names)] = entry.items()
             if kind == "audio":
                 record.spans.append(AudioSpan(blocks=[Block.of(n, parts[n]) for n in names]))
@@ -358,6 +423,7 @@ class ContextRecord:
                 span.tokens = [(0, None, tuple(ids))] if ids else []
                 span.saved = (ids, Part(name, parts[name], 8 * len(ids)))
                 record.spans.append(span)
+        record.spans += [MarkSpan(key) for place, key in marks if place == len(index["entries"])]
         return record
 
     def _load_whole(self, data: dict[str, Any]) -> None:
@@ -383,7 +449,8 @@ class ContextRecord:
                 self.spans.append(span)
 
     def summary(self, kept_live: bool = False) -> Rebuilt:
-        items = sum(1 for s in self.spans if not isinstance(s, ReplySpan) or s.tokens)
+        items = sum(1 for s in self.spans if not isinstance(s, (*_UNSAVED, ReplySpan))
+                    or isinstance(s, ReplySpan) and s.tokens)
         samples = sum(s.samples for s in self.spans if isinstance(s, AudioSpan))
         return Rebuilt(items, samples / self.input_rate, self.left_out, kept_live)
 

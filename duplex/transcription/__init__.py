@@ -4,7 +4,7 @@ Importing this package loads no model and no torch: recognisers load on first us
 transcription worker thread.
 """
 
-from .recognizer import Recognizer
+from .recognizer import Hints, Recognizer
 from .registry import OPENAI_NAMES, RecognizerRegistry, UnknownModelError
 from .service import (
     INVALID_AUDIO,
@@ -27,6 +27,7 @@ from .whisper import (
 
 __all__ = [
     "EMBEDDED_NAME",
+    "Hints",
     "INVALID_AUDIO",
     "OPENAI_NAMES",
     "QUEUE_FULL",

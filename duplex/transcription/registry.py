@@ -9,9 +9,11 @@ from pathlib import Path
 from .recognizer import Recognizer
 from .whisper import EMBEDDED_NAME, embedded_whisper, load_checkpoint
 
-# OpenAI's transcription models: clients written for OpenAI send these, and get whatever this
-# server is configured to recognise with.
-OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
+# OpenAI's transcription models (the GA SDK's list): clients written for OpenAI send these, and
+# get whatever this server is configured to recognise with.
+OPENAI_NAMES = ("whisper-1", "gpt-transcribe", "gpt-live-transcribe", "gpt-4o-mini-transcribe",
+                "gpt-4o-mini-transcribe-2025-12-15", "gpt-4o-transcribe",
+                "gpt-4o-transcribe-diarize", "gpt-realtime-whisper")
 
 PATH_HINT = "or the path of a local checkpoint directory"
 
@@ -51,6 +53,14 @@ class RecognizerRegistry:
 
     def names(self) -> list[str]:
         return [*OPENAI_NAMES, *self._builtins]
+
+    def for_session(self, name: str, own: tuple[str, ...] = ()) -> Recognizer:
+        """The recogniser a session's model name selects: a built-in one or the configured
+        checkpoint (`own`) by its name; any other name, OpenAI's included, the configured
+        one, so that no client's choice of name fails its session."""
+        if name in self._builtins or name in own:
+            return self.resolve(name)
+        return self.configured
 
     def resolve(self, name: str) -> Recognizer:
         """The recogniser for `name`; ValueError (UnknownModelError for a name that is neither

@@ -24,7 +24,7 @@ import numpy as np
 
 from duplex.media.rates import ASR_RATE
 
-from .recognizer import Recognizer, as_pcm
+from .recognizer import Hints, Recognizer, as_pcm
 
 log = logging.getLogger("duplex.transcription")
 
@@ -61,6 +61,7 @@ class _Request:
     recognizer: Recognizer
     pcm: np.ndarray
     callback: Callback
+    hints: Hints = Hints()
 
     def result(
         self, text: str = "", error: TranscriptionError | None = None
@@ -80,10 +81,11 @@ class TranscriptionService:
         self._thread = threading.Thread(target=self._run, name="duplex-asr", daemon=True)
         self._thread.start()
 
-    def submit(self, recognizer: Recognizer, pcm: np.ndarray, callback: Callback) -> None:
+    def submit(self, recognizer: Recognizer, pcm: np.ndarray, callback: Callback,
+               hints: Hints | None = None) -> None:
         """Queue 16 kHz float32 mono audio; `callback(result)` runs once with its text."""
         try:
-            request = _Request(recognizer, as_pcm(pcm), callback)
+            request = _Request(recognizer, as_pcm(pcm), callback, hints or Hints())
         except ValueError as exc:
             request = _Request(recognizer, np.zeros(0, np.float32), callback)
             _deliver(request, request.result(error=TranscriptionError(INVALID_AUDIO, str(exc))))
@@ -149,7 +151,7 @@ class TranscriptionService:
     def _recognize(self, group: list[_Request]) -> None:
         recognizer = group[0].recognizer
         try:
-            texts = recognizer.transcribe_batch([r.pcm for r in group])
+            texts = recognizer.transcribe_batch([r.pcm for r in group], [r.hints for r in group])
         except Exception as exc:
             log.exception("transcription with %s failed", recognizer.name)
             error = TranscriptionError(RECOGNITION_FAILED, f"{type(exc).__name__}: {exc}")

@@ -6,11 +6,15 @@ registry and never downloads. A checkpoint directory loads either way: a CTransl
 conversion (model.bin + tokenizer.json) or a transformers one (WhisperForConditionalGeneration
 and its processor), both from local files only.
 
-The server recognises English: a multilingual checkpoint is told to transcribe English.
+A client's hints reach the recogniser: the language (a multilingual checkpoint is told it,
+English without one; an English-only one transcribes nothing else), a prompt (the text before,
+as Whisper's previous-text prompt), and the transcript's start already sent as partial deltas
+(CTranslate2 continues from it, so the deltas add up to the final transcript).
 """
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from pathlib import Path
 
@@ -18,32 +22,43 @@ import numpy as np
 
 from duplex.media.rates import ASR_RATE
 
-from .recognizer import Recognizer
+from .recognizer import Hints, Recognizer
 
 EMBEDDED_NAME = "whisper-tiny.en"
 # Whisper reads 30 s at a time; longer audio is cut into windows, recognised as one batch and
 # the texts joined. A word cut at a window edge may come out wrong, which a turn of a voice
 # conversation rarely reaches.
 WINDOW = 30 * ASR_RATE
+MULTILINGUAL_VOCABULARY = 51865
+
+
+def whisper_languages() -> tuple[str, ...]:
+    """The languages a multilingual Whisper transcribes."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return tuple(LANGUAGES)
 
 
 class WhisperRecognizer(Recognizer):
-    def _recognize(self, pcms: list[np.ndarray]) -> list[str]:
+    def _recognize(self, pcms: list[np.ndarray], hints: list[Hints]) -> list[str]:
         windows: list[np.ndarray] = []
+        told: list[Hints] = []
         owners: list[int] = []
-        for i, pcm in enumerate(pcms):
+        for i, (pcm, hint) in enumerate(zip(pcms, hints, strict=True)):
             for start in range(0, len(pcm), WINDOW):
                 windows.append(pcm[start : start + WINDOW])
+                # Only the first window goes on from the text already sent.
+                told.append(hint if start == 0 else Hints(hint.language, hint.prompt))
                 owners.append(i)
         parts: list[list[str]] = [[] for _ in pcms]
         if windows:
-            for owner, text in zip(owners, self._decode(windows), strict=True):
+            for owner, text in zip(owners, self._decode(windows, told), strict=True):
                 if text.strip():
                     parts[owner].append(text.strip())
         return [" ".join(p) for p in parts]
 
     @abstractmethod
-    def _decode(self, windows: list[np.ndarray]) -> list[str]:
+    def _decode(self, windows: list[np.ndarray], hints: list[Hints]) -> list[str]:
         """One text per window of at most 30 s."""
 
 
@@ -91,13 +106,30 @@ class CTranslate2Whisper(WhisperRecognizer):
             )
         else:
             self._features = WhisperFeatureExtractor(feature_size=self._model.n_mels)
-        special = ["<|startoftranscript|>"]
-        if self._model.is_multilingual:
-            special += ["<|en|>", "<|transcribe|>"]
-        special.append("<|notimestamps|>")
-        self._prompt = [self._tokenizer.token_to_id(t) for t in special]
+    def languages(self) -> tuple[str, ...] | None:
+        # Whisper's own rule: the multilingual vocabularies are the larger ones.
+        vocabulary = self.path / "vocabulary.txt"
+        if not vocabulary.is_file():
+            return None
+        with vocabulary.open(encoding="utf-8") as lines:
+            multilingual = sum(1 for _ in lines) >= MULTILINGUAL_VOCABULARY
+        return whisper_languages() if multilingual else ("en",)
 
-    def _decode(self, windows: list[np.ndarray]) -> list[str]:
+    def _prompt(self, hints: Hints) -> list[int]:
+        """Whisper's decoder prompt: the previous text, the task, and the start already sent."""
+        token = self._tokenizer.token_to_id
+
+        def words(text: str) -> list[int]:
+            return self._tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
+
+        ids = [token("<|startofprev|>"), *words(hints.prompt)[-223:]] if hints.prompt else []
+        ids.append(token("<|startoftranscript|>"))
+        if self._model.is_multilingual:
+            ids += [token(f"<|{hints.language or 'en'}|>"), token("<|transcribe|>")]
+        ids.append(token("<|notimestamps|>"))
+        return ids + (words(hints.prefix) if hints.prefix else [])
+
+    def _decode(self, windows: list[np.ndarray], hints: list[Hints]) -> list[str]:
         import ctranslate2
 
         features = self._features(
@@ -105,15 +137,16 @@ class CTranslate2Whisper(WhisperRecognizer):
         ).input_features
         results = self._model.generate(
             ctranslate2.StorageView.from_array(np.ascontiguousarray(features, np.float32)),
-            [self._prompt] * len(windows),
+            [self._prompt(h) for h in hints],
             beam_size=1,
             return_no_speech_prob=True,
         )
+        # The result holds the start it was made to go on from.
         return [
             ""
-            if r.no_speech_prob > self.no_speech_threshold
+            if r.no_speech_prob > self.no_speech_threshold and not h.prefix
             else self._tokenizer.decode(r.sequences_ids[0], skip_special_tokens=True)
-            for r in results
+            for r, h in zip(results, hints, strict=True)
         ]
 
 
@@ -133,23 +166,53 @@ class TransformersWhisper(WhisperRecognizer):
             str(self.path), local_files_only=True
         )
         self._model = model.to(self.device).eval()
-        self._generate_kwargs: dict[str, str] = {}
-        if getattr(model.generation_config, "is_multilingual", False):
-            self._generate_kwargs = {"language": "en", "task": "transcribe"}
+        self._multilingual = bool(getattr(model.generation_config, "is_multilingual", False))
 
-    def _decode(self, windows: list[np.ndarray]) -> list[str]:
+    def languages(self) -> tuple[str, ...] | None:
+        path = self.path / "generation_config.json"
+        if not path.is_file():
+            return None
+        config = json.loads(path.read_text())
+        if not config.get("is_multilingual"):
+            return ("en",)
+        codes = [name.strip("<|>") for name in config.get("lang_to_id") or {}]
+        return tuple(codes) or None
+
+    def _decode(self, windows: list[np.ndarray], hints: list[Hints]) -> list[str]:
+        # generate() takes one language and prompt per call: windows told alike go together.
+        texts: list[str] = [""] * len(windows)
+        groups: dict[tuple[str | None, str | None], list[int]] = {}
+        for i, h in enumerate(hints):
+            groups.setdefault((h.language, h.prompt), []).append(i)
+        for (language, prompt), index in groups.items():
+            for i, text in zip(index, self._generate([windows[i] for i in index], language,
+                                                     prompt), strict=True):
+                texts[i] = text
+        return texts
+
+    def _generate(self, windows: list[np.ndarray], language: str | None,
+                  prompt: str | None) -> list[str]:
         import torch
 
         inputs = self._processor(
             windows, sampling_rate=ASR_RATE, return_tensors="pt", return_attention_mask=True
         )
+        told: dict = {}
+        if self._multilingual:
+            told = {"language": language or "en", "task": "transcribe"}
+        if prompt:
+            told["prompt_ids"] = self._processor.get_prompt_ids(prompt, return_tensors="pt")
         with torch.inference_mode():
             ids = self._model.generate(
                 inputs.input_features.to(self.device, self._model.dtype),
                 attention_mask=inputs.attention_mask.to(self.device),
-                **self._generate_kwargs,
+                **told,
             )
-        return self._processor.batch_decode(ids, skip_special_tokens=True)
+        texts = self._processor.batch_decode(ids, skip_special_tokens=True)
+        if prompt:
+            # The prompt comes back at the head of each sequence.
+            texts = [t.strip().removeprefix(prompt.strip()) for t in texts]
+        return texts
 
 
 def embedded_whisper(threads: int = 0) -> CTranslate2Whisper:

@@ -20,24 +20,30 @@ from duplex.media import Resampler
 from duplex.media.echo import EchoGuard
 from duplex.media.fir import FirResampler, ResamplerState
 from duplex.media.rates import VAD_CHUNK, VAD_RATE
+from duplex.media.tempo import Piece, ReplyTempo
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.pacing import OutputPacer
 from duplex.session.state import Session
-from duplex.session.turn_detection import TurnDetector
-from duplex.transport.effects import EngineCancel, EnginePush, VadFeed
+from duplex.session.turn_detection import ScoreTurn, TurnDetector
+from duplex.transport.effects import EngineCancel, EnginePush, ScoreTurnEnd, VadFeed
+from duplex.transport.turn_audio import HeardAudio, InputGate
 
-SpeechCommand = cmd.SpeechStarted | cmd.SpeechStopped | cmd.VoiceActivity
+SpeechCommand = cmd.SpeechStarted | cmd.SpeechStopped | cmd.VoiceActivity | ScoreTurn
 
 
 class ProtocolCore(Protocol):
     """What `SessionLoop` drives: every entry point returns the effects to carry out."""
+
+    clock: MediaClock
 
     def receive_text(self, text: str) -> list[Any]: ...
 
     def receive_bytes(self, data: bytes) -> list[Any]: ...
 
     def on_vad(self, probs: list[float], early: float | None = None) -> list[Any]: ...
+
+    def on_turn_score(self, request: int, complete: float | None) -> list[Any]: ...
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Any]: ...
 
@@ -84,6 +90,14 @@ class MediaClock:
         """The least (clock - input received) seen: input that came in that early was captured
         when the clock read its end plus this, whatever the delay of the frames since."""
         self._from_model = Resampler(model_output_rate, rate)
+        self.tempo = ReplyTempo(rate)
+        """The reply's speed (audio.output.speed), applied as its audio reaches the session
+        clock: every count from there on (output samples, marks, truncation, the heard
+        watermark, the echo guard's reference) is in the listener's time."""
+        self.gate = InputGate(rate, model_input_rate)
+        """Holds input back from the model until a turn's speech starts (its owner turns it on
+        where speech is detected and turns are taken)."""
+        self.heard = HeardAudio(VAD_RATE)
         self.vad_chunk = VAD_CHUNK * rate // VAD_RATE
         """Clock samples behind each speech probability (silero's window at 16 kHz)."""
 
@@ -91,7 +105,10 @@ class MediaClock:
 
     def input_effects(self, pcm: np.ndarray, *, detect_speech: bool) -> list[EnginePush | VadFeed]:
         """Float32 on the session clock, on its way to the model and the speech detector."""
-        out: list[EnginePush | VadFeed] = [EnginePush(self._to_model.process(pcm))]
+        out: list[EnginePush | VadFeed] = []
+        to_model = self.gate.feed(self._to_model.process(pcm))
+        if len(to_model):
+            out.append(EnginePush(to_model))
         self._input_end += len(pcm)
         lag = self.core.now_sample - self._input_end
         self._input_lag = lag if self._input_lag is None else min(self._input_lag, lag)
@@ -101,8 +118,23 @@ class MediaClock:
             playhead = self.pacer.played(self._input_end + self._input_lag)
             replying = (bool(self.pacer) or playhead < self.pacer.tx_samples
                         or self.core.pause is not None)
-            out.append(VadFeed(self.guard.clean(pcm, playhead), urgent=replying))
+            heard = self.guard.clean(pcm, playhead)
+            self.heard.append(heard)
+            # The chunk that brings a pause in the user's speech to a decision starts the
+            # reply: it does not wait for other sessions' audio either.
+            out.append(VadFeed(heard, urgent=replying or self.detector.deciding(self.vad_chunk)))
         return out
+
+    def released_input(self) -> list[EnginePush]:
+        """What a speech start just released of the held input, for the model at once."""
+        opened = self.gate.flush()
+        return [EnginePush(opened)] if len(opened) else []
+
+    def commit_input(self, asked: bool = False) -> list[EnginePush]:
+        """The turn is committed: the model gets what the gate still holds of it first (and,
+        when the client `asked` with no speech detected, the input held back)."""
+        rest = self.gate.commit(asked)
+        return [EnginePush(rest)] if len(rest) else []
 
     def input_state(self) -> ResamplerState:
         """Where the model's input resampler stands, for a resume to go on from."""
@@ -117,18 +149,37 @@ class MediaClock:
         """The detector's decisions, each followed by the chunk's activity (which judges a
         paused reply's interruption), in input order, then what the `early` score of the
         chunk still filling starts. Lazily: a false interruption judged on one chunk ends the
-        detector's speech (`forget_speech`) before the next is fed."""
+        detector's speech (`forget_speech`) before the next is fed. A speech start releases
+        the input held before it (`released_input`)."""
         for prob in probs:
             decision = self.detector.feed(prob, self.vad_chunk)
             if decision is not None:
-                yield decision
+                yield self._opened(decision)
             yield cmd.VoiceActivity(self.detector.position, prob >= self.detector.threshold)
         if early is not None and (started := self.detector.feed_early(early)) is not None:
-            yield started
+            yield self._opened(started)
+
+    def _opened(self, decision: SpeechCommand) -> SpeechCommand:
+        if isinstance(decision, cmd.SpeechStarted):
+            self.gate.open(max(0, decision.at_sample - self.detector.prefix_samples))
+        return decision
+
+    def score_request(self, ask: ScoreTurn) -> ScoreTurnEnd:
+        """The audio the end-of-turn model judges: the turn from its onset less the prefix
+        padding to the pause now under way (the model keeps its last 8 s)."""
+        start = max(0, ask.onset - self.detector.prefix_samples)
+        to_heard = VAD_RATE / self.rate
+        return ScoreTurnEnd(ask.request, self.heard.window(round(start * to_heard),
+                                                           round(ask.end * to_heard)))
+
+    def turn_scored(self, request: int, complete: float | None) -> cmd.SpeechStopped | None:
+        """The end-of-turn model's answer: the turn's end, if it is complete."""
+        return self.detector.score(request, complete)
 
     def forget_speech(self) -> None:
         """A false interruption is over: the next speech is a new onset (and a new pause)."""
         self.detector.forget_speech()
+        self.gate.forget()
 
     # -- output -------------------------------------------------------------------------------
 
@@ -141,6 +192,16 @@ class MediaClock:
         tail = self._from_model.process(np.zeros(0, np.float32), last=True)
         self._from_model = Resampler(self.model_output_rate, self.rate)
         return tail
+
+    def reply_pieces(self, pcm: np.ndarray, text: str) -> list[Piece]:
+        """Model output and its text onto the session clock at the reply's speed: the audio
+        in pieces, each with the text that starts with it."""
+        return self.tempo.process(self.reply_audio(pcm), text)
+
+    def reply_end(self) -> list[Piece]:
+        """The rest of the reply once the model is done: the resampler's tail, then what the
+        tempo filter still holds."""
+        return self.tempo.finish(self.reply_tail())
 
     def due(self, now: int) -> list[tuple[ev.OutputChunk, Any]]:
         """Advance the clock to `now`; the chunks due for release, each recorded as delivered."""
@@ -162,6 +223,7 @@ class MediaClock:
         if isinstance(event, ev.Flush):
             self.pacer.flush()
             self._from_model = Resampler(self.model_output_rate, self.rate)
+            self.tempo.reset()
         return []
 
     def settle(self) -> None:

@@ -33,7 +33,31 @@ class EnginePushFrame:
 class EnginePushText:
     text: str
     role: str = "user"
-    """user | tool (a function call's output)"""
+    """user | tool (a function call's output) | system | assistant | function_call (the call
+    as JSON {"name", "arguments"})"""
+
+
+@dataclass(frozen=True)
+class EngineMark:
+    """A conversation item's part of the model's context starts here (models that rewind)."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class EngineRewind:
+    """The model's context back to where item part `key` started; it and all after it go.
+    Back at the head, `system` (instructions, tools) opens the context again."""
+
+    key: int
+    system: tuple[str, tuple[dict[str, Any], ...]] | None = None
+
+
+@dataclass(frozen=True)
+class EngineReplay:
+    """Lay item part `key` again, as the last `EngineRewind` took it out of the context."""
+
+    key: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +102,26 @@ class VadFeed:
     pcm: np.ndarray
     """Float32 at 16 kHz for speech detection."""
     urgent: bool = False
-    """A reply is playing or paused: a speech start pauses it, so no batching wait."""
+    """A reply is playing or paused (a speech start pauses it), or this audio completes a
+    pause in the user's speech that decides the turn (the verdict starts the reply): no
+    batching wait."""
+
+
+@dataclass(frozen=True)
+class ScoreTurnEnd:
+    """Ask the end-of-turn model (duplex.smart_turn) whether the turn in `pcm` (16 kHz, up to
+    the pause now under way) is complete; its answer comes back as a TurnScored message."""
+
+    request: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    """The user's turn ended and was committed; `by` says what ended it (counted): silence,
+    model or fallback (duplex.session.commands.SpeechStopped)."""
+
+    by: str
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from duplex.transport.sideband import LiveCall
 
 Closer = Callable[[str], Awaitable[None]]
 
@@ -12,6 +16,9 @@ class SessionHub:
     def __init__(self) -> None:
         self._closers: dict[str, Closer] = {}
         self._empty: asyncio.Event | None = None
+        self.calls: dict[str, LiveCall] = {}
+        """Live calls by their call id, which sidebands attach to (`?call_id=`); each
+        transport adds its calls and takes them out as they end."""
 
     def __len__(self) -> int:
         return len(self._closers)

@@ -44,6 +44,15 @@ class SpeechProbs:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnScored:
+    """The end-of-turn model's answer to a session's `request`: the probability that the
+    turn is complete, or None when it could not judge."""
+
+    request: int
+    complete: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     pass
 
@@ -86,14 +95,34 @@ class TranscriptReady:
     item_id: str
     result: Any
     """A duplex.transcription.TranscriptionResult."""
+    partial: bool = False
+    """Of audio not yet committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpListed:
+    """An MCP server's tools (or why there are none) for the listing item `item_id`."""
+
+    item_id: str
+    tools: list[dict[str, Any]] | None
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class McpCalled:
+    """An MCP tool's output (or why there is none) for the call item `item_id`."""
+
+    item_id: str
+    output: str | None
+    error: dict[str, Any] | None
 
 
 Message = (
-    PeerText | PeerBytes | EngineOutput | SpeechProbs | Tick | CarrierGone | Shutdown
-    | MediaAudio | MediaFrame | Fenced | TranscriptReady
+    PeerText | PeerBytes | EngineOutput | SpeechProbs | TurnScored | Tick | CarrierGone
+    | Shutdown | MediaAudio | MediaFrame | Fenced | TranscriptReady | McpListed | McpCalled
 )
 
-_URGENT = (SpeechProbs, CarrierGone, Shutdown, Fenced)
+_URGENT = (SpeechProbs, TurnScored, CarrierGone, Shutdown, Fenced)
 _FROM_PEER = (PeerText, PeerBytes, MediaAudio, MediaFrame)
 
 

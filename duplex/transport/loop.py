@@ -35,7 +35,9 @@ from duplex.transport.effects import (
     EnginePush,
     EnginePushText,
     EngineSetDuplex,
+    ScoreTurnEnd,
     Send,
+    TurnEnded,
     VadFeed,
 )
 from duplex.transport.inbox import (
@@ -48,11 +50,13 @@ from duplex.transport.inbox import (
     Shutdown,
     SpeechProbs,
     Tick,
+    TurnScored,
 )
 
 if TYPE_CHECKING:
     # The VAD runs torch; protocol cores and this loop import without it.
     from duplex.engine.vad import VadService
+    from duplex.observability.metrics import Metrics
 
 TICK_S = 0.02
 PEER_GONE = (WebSocketDisconnect, RuntimeError, OSError)
@@ -65,6 +69,7 @@ errors (OSError) when the peer left."""
 class SessionLoop:
     rate: int
     """Samples per second of the protocol's clock."""
+    metrics: Metrics | None = None
 
     def __init__(self, engine: EngineClient, vad: VadService, send_text, session_id: str,
                  protocol: ProtocolCore) -> None:
@@ -178,6 +183,11 @@ class SessionLoop:
                 self.vad.submit(self.vad_stream, effect.pcm,
                                 lambda r: self.post(SpeechProbs(r.chunks, r.early)),
                                 effect.urgent)
+            elif isinstance(effect, ScoreTurnEnd):
+                self._score_turn(effect)
+            elif isinstance(effect, TurnEnded):
+                if self.metrics is not None:
+                    self.metrics.turns_ended.labels(effect.by).inc()
             elif isinstance(effect, EngineCommit):
                 self.engine.commit(sid, effect.epoch, effect.spec)
             elif isinstance(effect, EnginePushText):
@@ -198,6 +208,19 @@ class SessionLoop:
             elif await self.carry_out(effect):
                 return True
         return False
+
+    def _score_turn(self, effect: ScoreTurnEnd) -> None:
+        """On the worker every session shares (duplex.smart_turn); a server without the model
+        answers at once that it cannot judge, and the turn ends by its fallback wait."""
+        request = effect.request
+        service = self.vad.turn_end
+        if service is None:
+            self.inbox.put(TurnScored(request, None))
+            return
+        # Read on the worker: the detector's latest question, an int the loop replaces.
+        clock = self.protocol.clock
+        service.submit(effect.pcm, lambda p: self.post(TurnScored(request, p)),
+                       wanted=lambda: clock.detector.asked == request)
 
     async def _send(self, event: dict) -> bool:
         """False when the peer has left: the session ends quietly, nobody is there to hear why."""
@@ -221,6 +244,7 @@ _MESSAGES: dict[type, Callable[[SessionLoop, Any], list]] = {
     PeerText: lambda loop, m: loop.protocol.receive_text(m.text),
     PeerBytes: lambda loop, m: loop.protocol.receive_bytes(m.data),
     SpeechProbs: lambda loop, m: loop.protocol.on_vad(m.probs, m.early),
+    TurnScored: lambda loop, m: loop.protocol.on_turn_score(m.request, m.complete),
     EngineOutput: lambda loop, m: loop._engine_output(m),
     Tick: lambda loop, m: [],
 }

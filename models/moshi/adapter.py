@@ -59,6 +59,7 @@ from models.kv import KVBatch, SlidingKV, StepKV, tensor_bytes
 from models.moshi import duplex, tiny
 from models.moshi.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from models.reply import ReplySpec
+from models.syncs import fetch, upload
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,10 @@ class MoshiAdapter(DuplexModel):
         )
         eos = config.eos_token_id
         self.eos_ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        # On the device once: a step masks with it instead of indexing by a list of ids.
+        self._eos = torch.zeros(config.vocab_size, dtype=torch.bool)
+        self._eos[self.eos_ids] = True
+        self._eos = self._eos.to(self._device)
         with torch.inference_mode():
             silence = torch.zeros(1, 1, self.frame_samples, dtype=self._dtype, device=self._device)
             codes = mimi.encode(silence, num_quantizers=self.num_codebooks).audio_codes
@@ -245,10 +250,9 @@ class MoshiAdapter(DuplexModel):
         for chunk in chunks:
             if len(chunk) != self.input_chunk_samples:
                 raise ValueError(f"chunks must hold {self.input_chunk_samples} samples")
-        audio = torch.from_numpy(np.stack(chunks).astype(np.float32))[:, None]
-        audio = audio.to(device=self._device, dtype=self._dtype)
+        audio = upload(np.stack(chunks), self._device, self._dtype)[:, None]
         codes = self.encoder.encode([s.slots["encoder"] for s in states], audio)
-        return list(codes.cpu().numpy())
+        return list(fetch(codes))
 
     def _embed(self, text: torch.Tensor, moshi: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
         """text (B, n), moshi and user codes (B, Q, n) -> (B, n, H), summed as transformers does."""
@@ -309,7 +313,7 @@ class MoshiAdapter(DuplexModel):
                     f"session {state.session_id}: thinker_decode needs begin_response and, "
                     "after each decode, its talker_step"
                 )
-        text = torch.tensor([[t.text_in] for t in turns], device=self._device)
+        text = upload([[t.text_in] for t in turns], self._device)
         moshi = torch.stack([t.moshi_in for t in turns])[:, :, None]
         user = torch.stack(
             [
@@ -320,12 +324,13 @@ class MoshiAdapter(DuplexModel):
         hidden = self._main_step(states, self._embed(text, moshi, user))
         hidden = self.model.decoder.model.norm(hidden)[:, -1]
         logits = self.model.decoder.lm_head(hidden)
-        if self.eos_ids:
-            early = [[t.frames + 1 < self.min_response_frames] for t in turns]
-            early = torch.tensor(early, device=self._device)
-            logits[:, self.eos_ids] = logits[:, self.eos_ids].masked_fill(early, float("-inf"))
+        early = [t.frames + 1 < self.min_response_frames for t in turns]
+        if self.eos_ids and any(early):
+            rows = upload(early, self._device, torch.bool)
+            logits.masked_fill_(rows[:, None] & self._eos, float("-inf"))
         tokens = []
-        for row, (turn, token) in enumerate(zip(turns, logits.argmax(-1).tolist(), strict=True)):
+        ids = fetch(logits.argmax(-1)).tolist()
+        for row, (turn, token) in enumerate(zip(turns, ids, strict=True)):
             turn.frames += 1
             turn.text_in = token
             turn.awaiting_talker = True
@@ -348,13 +353,17 @@ class MoshiAdapter(DuplexModel):
         if not rows:
             return frames
         hidden = torch.stack([tokens[i].conditioning.hidden for i in rows])[:, None]
-        text = torch.tensor([tokens[i].conditioning.text_id for i in rows], device=self._device)
+        text = upload([tokens[i].conditioning.text_id for i in rows], self._device)
         generated = self._depth(hidden, text)
-        for i, codes in zip(rows, generated, strict=True):
+        # Each frame voices codebook 0 of the step before with the others of this one; all
+        # rows' frames come back in one read.
+        held = [states[i].slots["turn"].pending_cb0 is not None for i in rows]
+        voiced = [torch.cat([states[i].slots["turn"].pending_cb0[None], codes[1:]])
+                  for i, codes, h in zip(rows, generated, held, strict=True) if h]
+        out = iter(fetch(torch.stack(voiced)) if voiced else ())
+        for i, codes, h in zip(rows, generated, held, strict=True):
             turn = states[i].slots["turn"]
-            frame = None
-            if turn.pending_cb0 is not None:
-                frame = torch.cat([turn.pending_cb0[None], codes[1:]]).cpu().numpy()
+            frame = next(out) if h else None
             turn.pending_cb0 = codes[0].clone()
             turn.moshi_in = codes.clone()
             turn.awaiting_talker = False
@@ -390,8 +399,9 @@ class MoshiAdapter(DuplexModel):
             audio = self.decoder.decode(
                 [states[i].slots["decoder"] for i in rows], batch.to(self._device, torch.long)
             )
+            decoded = fetch(audio[:, 0].float())
             for row, i in enumerate(rows):
-                pcm[i] = audio[row, 0].float().cpu().numpy()
+                pcm[i] = decoded[row]
         return pcm
 
     def duplex_step(

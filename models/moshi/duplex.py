@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from models.base import DuplexFrame, ModelState, StageTimer, is_voiced
+from models.syncs import fetch, upload
 
 if TYPE_CHECKING:
     from models.moshi.adapter import MoshiAdapter
@@ -40,12 +41,11 @@ def duplex_step(
     n = len(states)
     turns = [s.slots["turn"] for s in states]
     with timer("encode", n):
-        audio = torch.from_numpy(np.stack(frames).astype(np.float32))[:, None]
-        audio = audio.to(device=adapter._device, dtype=adapter._dtype)
+        audio = upload(np.stack(frames), adapter._device, adapter._dtype)[:, None]
         user = adapter.encoder.encode([s.slots["encoder"] for s in states], audio)[:, :, 0]
     with timer("main", n):
         text_in = [t.text_in if t.frames else adapter.text_start for t in turns]
-        text = torch.tensor(text_in, device=adapter._device)[:, None]
+        text = upload(text_in, adapter._device)[:, None]
         moshi = torch.stack([t.moshi_in for t in turns])[:, :, None]
         delayed = torch.stack(
             [adapter._delay_user(t, u[:, None]) for t, u in zip(turns, user, strict=True)]
@@ -55,8 +55,9 @@ def duplex_step(
         tokens = adapter.model.decoder.lm_head(hidden).argmax(-1)
     with timer("depth", n):
         codes = adapter._depth(hidden[:, None], tokens)
+    token_ids = fetch(tokens).tolist()
     out_codes, rows = [], []
-    for i, (turn, token, step_codes) in enumerate(zip(turns, tokens.tolist(), codes, strict=True)):
+    for i, (turn, token, step_codes) in enumerate(zip(turns, token_ids, codes, strict=True)):
         turn.frames += 1
         turn.text_in = token
         if turn.pending_cb0 is not None:
@@ -70,10 +71,11 @@ def duplex_step(
             audio = adapter.decoder.decode(
                 [states[i].slots["decoder"] for i in rows], torch.stack(out_codes)[:, :, None]
             )
+            decoded = fetch(audio[:, 0].float())
             for row, i in enumerate(rows):
-                pcm[i] = audio[row, 0].float().cpu().numpy()
+                pcm[i] = decoded[row]
     result = []
-    for i, token in enumerate(tokens.tolist()):
+    for i, token in enumerate(token_ids):
         text_piece = adapter.detokenize(token)
         result.append(DuplexFrame(pcm[i], text_piece, is_voiced(pcm[i]) or bool(text_piece)))
     return result

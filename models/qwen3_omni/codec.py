@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
@@ -38,6 +40,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeSnakeBeta,
     apply_rotary_pos_emb,
 )
+
+from models.syncs import upload
 
 
 def tiny_code2wav_config() -> Qwen3OmniMoeCode2WavConfig:
@@ -70,9 +74,9 @@ def offline_decode(module: Qwen3OmniMoeCode2Wav, codes: torch.Tensor) -> torch.T
 class Code2WavState:
     """Carried context of B independent streams; every tensor has the slot on dim 0."""
 
-    frames: torch.Tensor
-    """(B,) int64 on the CPU: frames decoded per slot since its last reset. Kept on the CPU
-    because it decides, without a device sync, whether a call still touches a stream's start."""
+    frames: np.ndarray
+    """(B,) int64 on the host: frames decoded per slot since its last reset. Kept there
+    because it decides, without a device read, whether a call still touches a stream's start."""
     buffers: list[torch.Tensor]
     """Inference tensors, so every method that writes them runs under inference mode."""
 
@@ -80,41 +84,54 @@ class Code2WavState:
     def batch_size(self) -> int:
         return self.frames.shape[0]
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        tensors = [self.frames, *self.buffers]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Fixed for a state (its buffers are written in place or replaced by the same shape),
+        and read for every session at every engine report."""
+        return self.frames.nbytes + sum(t.numel() * t.element_size() for t in self.buffers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffers[0].device
 
     @torch.inference_mode()
-    def reset(self, mask: torch.Tensor | None = None) -> None:
-        """Restart the slots where `mask` (B,) is true (all slots when None) at frame 0."""
-        if mask is None:
-            mask = torch.ones(self.batch_size, dtype=torch.bool)
-        self.frames.masked_fill_(mask.cpu(), 0)
+    def reset(self, slots: list[int] | None = None) -> None:
+        """Restart the given slots (all when None) at frame 0."""
+        if slots is None:
+            self.frames[:] = 0
+            for buf in self.buffers:
+                buf.zero_()
+            return
+        self.frames[slots] = 0
+        index = upload(slots, self.device)
         for buf in self.buffers:
-            buf.masked_fill_(mask.to(buf.device).view(-1, *([1] * (buf.dim() - 1))), 0)
+            buf.index_fill_(0, index, 0)
 
     @torch.inference_mode()
-    def take(self, slots: torch.Tensor) -> Code2WavState:
-        """A copy of the given slots, in that order."""
+    def take(self, slots: list[int], index: torch.Tensor) -> Code2WavState:
+        """A copy of the given slots, in that order; `index` is `slots` on the device."""
         return Code2WavState(
-            self.frames[slots.cpu()],
-            [buf.index_select(0, slots.to(buf.device)) for buf in self.buffers],
+            self.frames[slots], [buf.index_select(0, index) for buf in self.buffers]
         )
 
     @torch.inference_mode()
-    def put(self, slots: torch.Tensor, part: Code2WavState) -> None:
+    def put(self, slots: list[int], index: torch.Tensor, part: Code2WavState) -> None:
         """Write `part` (one row per entry of `slots`) back into the given slots."""
-        self.frames[slots.cpu()] = part.frames
+        self.frames[slots] = part.frames
         for buf, new in zip(self.buffers, part.buffers, strict=True):
-            buf.index_copy_(0, slots.to(buf.device), new)
+            buf.index_copy_(0, index, new)
+
+    @torch.inference_mode()
+    def head(self, n: int) -> Code2WavState:
+        """A copy of the first `n` slots."""
+        return Code2WavState(self.frames[:n].copy(), [buf[:n].clone() for buf in self.buffers])
 
     @staticmethod
     @torch.inference_mode()
     def cat(states: Sequence[Code2WavState]) -> Code2WavState:
         """Join per-session states into one batch, in order."""
         return Code2WavState(
-            torch.cat([s.frames for s in states]),
+            np.concatenate([s.frames for s in states]),
             [torch.cat(bufs) for bufs in zip(*(s.buffers for s in states), strict=True)],
         )
 
@@ -143,7 +160,7 @@ class Code2WavPool:
     def acquire(self, owner: str) -> int:
         if None in self.owner:
             row = self.owner.index(None)
-            self.state.reset(torch.arange(len(self.owner)) == row)
+            self.state.reset([row])
         else:
             row = len(self.owner)
             grown = self.decoder.new_state(max(1, row))
@@ -164,7 +181,7 @@ class Code2WavPool:
             self.state, self.owner = None, []
         elif used[-1] < len(self.owner) // 4:
             # Past a burst of replies, give back the rows at the end nobody holds.
-            self.state = self.state.take(torch.arange(used[-1] + 1))
+            self.state = self.state.head(used[-1] + 1)
             self.owner = self.owner[: used[-1] + 1]
 
     def decode(self, codes: torch.Tensor, rows: list[int], owners: list[str]) -> torch.Tensor:
@@ -172,7 +189,7 @@ class Code2WavPool:
         `owners[b]`) -> PCM (B, T_new * frame_samples)."""
         for row, owner in zip(rows, owners, strict=True):
             self.check(row, owner)
-        return self.decoder.decode(codes, self.state, slots=torch.tensor(rows))
+        return self.decoder.decode(codes, self.state, slots=rows)
 
 
 class _Call:
@@ -180,7 +197,7 @@ class _Call:
 
     def __init__(self, state: Code2WavState, n_new: int, device: torch.device) -> None:
         self.buffers = state.buffers
-        self.frames = state.frames.to(device)
+        self.frames = upload(state.frames, device)
         self.first_frame = int(state.frames.min())
         self.n_new = n_new
 
@@ -393,7 +410,7 @@ class StreamingCode2Wav:
     def new_state(self, batch_size: int) -> Code2WavState:
         param = self.module.code_embedding.weight
         return Code2WavState(
-            torch.zeros(batch_size, dtype=torch.long),
+            np.zeros(batch_size, dtype=np.int64),
             [
                 torch.zeros(batch_size, *shape, dtype=param.dtype, device=param.device)
                 for shape in self._buffer_shapes
@@ -401,17 +418,19 @@ class StreamingCode2Wav:
         )
 
     def decode(
-        self, codes: torch.Tensor, state: Code2WavState, slots: torch.Tensor | None = None
+        self, codes: torch.Tensor, state: Code2WavState, slots: list[int] | None = None
     ) -> torch.Tensor:
         """Codes (B, Q, T_new) -> PCM (B, T_new * frame_samples); advances the streams.
 
         Without `slots`, row b of `codes` continues slot b of `state` (B == state.batch_size).
-        With `slots` (B,) int64, row b continues slot `slots[b]` and other slots are untouched.
+        With `slots`, row b continues slot `slots[b]` and other slots are untouched; the slots
+        cross to the device once for all carried buffers.
         """
         if slots is not None:
-            part = state.take(slots)
+            index = upload(slots, state.device)
+            part = state.take(slots, index)
             pcm = self.decode(codes, part)
-            state.put(slots, part)
+            state.put(slots, index, part)
             return pcm
         batch, n_q, n_new = codes.shape
         if n_q != self.num_quantizers:

@@ -22,6 +22,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from models.feature_cache import FeatureCache, content_digest
+from models.syncs import on_host, upload
 
 FEATURE_KEYS = (
     "feature_size",
@@ -74,22 +75,64 @@ class AudioEncoder:
         self.chunk_samples = chunk_samples or 2 * config.n_window * self.features.hop_length
 
     def encode(self, chunks: list[np.ndarray]) -> list[AudioFeatures]:
-        feats = self.features(
-            [np.asarray(c, dtype=np.float32) for c in chunks],
-            sampling_rate=self.rate,
-            padding="longest",
-            return_tensors="pt",
-            return_attention_mask=True,
-        )
-        mask = feats["attention_mask"].bool()
-        lengths = mask.sum(-1)
-        # The tower takes every chunk's frames concatenated in time, with their lengths.
-        flat = feats["input_features"].permute(0, 2, 1)[mask].T
+        with on_host():
+            feats = self.features(
+                [np.asarray(c, dtype=np.float32) for c in chunks],
+                sampling_rate=self.rate,
+                padding="longest",
+                return_tensors="np",
+                return_attention_mask=True,
+            )
+        plan = _TowerPlan(feats["input_features"], feats["attention_mask"].sum(-1), self.n_window,
+                          self.tower.config.n_window_infer)
+        # Everything the tower would derive from the lengths with a read from the device per
+        # step (and one per layer, splitting attention windows) is worked out here and passed
+        # in, as its forward allows: the windows' bounds stay on the host where only the host
+        # reads them, and flash attention, which reads them on the device, gets them there.
+        flash = self.tower.config._attn_implementation.startswith("flash")
         out = self.tower(
-            flat.to(self.device, self.dtype), feature_lens=lengths.to(self.device)
+            padded_feature=upload(plan.padded, self.device, self.dtype),
+            chunk_lengths=torch.from_numpy(plan.chunk_lengths),
+            valid_indices=upload(plan.valid_indices, self.device),
+            cu_seqlens=(upload(plan.cu_seqlens, self.device, torch.int32) if flash
+                        else torch.from_numpy(plan.cu_seqlens)),
+            max_seqlen=plan.max_seqlen,
         ).last_hidden_state
-        sizes = _get_feat_extract_output_lengths(lengths, self.n_window).tolist()
-        return [AudioFeatures(e) for e in out.split(sizes)]
+        return [AudioFeatures(e) for e in out.split(plan.sizes)]
+
+
+class _TowerPlan:
+    """The audio tower's chunking of a batch, on the host: `Qwen3OmniMoeAudioEncoder`'s
+    `chunk_and_pad_features`, `get_valid_indices` and `get_audio_cu_seqlens` on numpy arrays,
+    from the feature lengths the host already has."""
+
+    def __init__(self, features: np.ndarray, lengths: np.ndarray, n_window: int,
+                 n_window_infer: int) -> None:
+        """`features` (B, mel, T) padded log-mels, `lengths` (B,) valid frames of each."""
+        span = 2 * n_window
+        counts = -(-lengths // span)
+        chunk_lengths = np.full(int(counts.sum()), span, dtype=np.int64)
+        tails = np.cumsum(counts) - 1
+        chunk_lengths[tails] = np.where(lengths % span == 0, span, lengths % span)
+        padded = np.zeros((len(chunk_lengths), features.shape[1], int(chunk_lengths.max())),
+                          dtype=np.float32)
+        chunk = 0
+        for b, n in enumerate(lengths.tolist()):
+            for start in range(0, n, span):
+                width = min(span, n - start)
+                padded[chunk, :, :width] = features[b, :, start : start + width]
+                chunk += 1
+        after_cnn = _get_feat_extract_output_lengths(chunk_lengths, n_window)
+        longest = int(after_cnn.max())
+        self.padded, self.chunk_lengths = padded, chunk_lengths
+        self.valid_indices = np.flatnonzero(np.arange(longest)[None] < after_cnn[:, None])
+        window = longest * (n_window_infer // span)
+        self.sizes = _get_feat_extract_output_lengths(lengths, n_window).astype(int).tolist()
+        windows = [0]
+        for n in self.sizes:
+            windows += [window] * (n // window) + ([n % window] if n % window else [])
+        self.cu_seqlens = np.cumsum(windows).astype(np.int32)
+        self.max_seqlen = max(windows[1:])
 
 
 class VisionEncoder:

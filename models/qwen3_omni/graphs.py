@@ -9,33 +9,27 @@ sync, so `StaticResidual` runs the loop in fixed buffers only:
 - keys and values of each layer in a (B, kv_heads, Q, head_dim) buffer (the loop's positions
   0..Q-1), written at fixed positions, and an explicit mask per step;
 - sampling by the Gumbel-max trick over the same filtered logits as `sample` (temperature,
-  top-k, top-p), with the uniform noise drawn before the replay from each session's generator:
-  the same distribution as the eager path's `multinomial`, not the same draws.
+  top-k, top-p), with the uniform noise hashed on the device, inside the graph, from each
+  session's key and count of draws (`options.Stream`): the same distribution as the eager
+  path's inverse CDF, not the same draws. A row can be greedy (a reply at temperature 0): it
+  takes the argmax and draws nothing.
 
 `StaticResidual` runs eagerly anywhere (the CPU tests check it against the eager path);
-`GraphedResidual` captures one graph per batch bucket on first use and falls back to the eager
-path past the largest bucket or when a capture fails. Nothing here runs on a CPU model: the
-adapter only builds a `GraphedResidual` for a CUDA device.
+`GraphedResidual` captures one graph per batch bucket when the engine starts (`warm_up`,
+`models.cuda_graphs`), and falls back to the eager path for a batch no captured bucket holds or
+after a failed capture. On a CPU model nothing here runs unless `static_steps` asks for the
+fixed buffers without a graph.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
 
-from models.qwen3_omni.options import Sampling, Stream, filtered, uniform_block
-
-log = logging.getLogger("duplex.models")
-
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-"""Batch sizes a graph is captured for; a batch runs in the smallest that holds it."""
-
-
-def bucket(batch: int) -> int | None:
-    """The smallest bucket that holds `batch` rows, or None past the largest."""
-    return next((size for size in BUCKETS if size >= batch), None)
+from models.cuda_graphs import BucketGraphs, GraphPool, GraphSettings
+from models.qwen3_omni import compat
+from models.qwen3_omni.options import NOISE_MAX, Sampling, filtered, uniform32
 
 
 class _StaticKV:
@@ -59,9 +53,10 @@ class _StaticKV:
 class StaticResidual:
     """Codebooks 1..Q-1 of one frame for `batch` rows, every tensor allocated up front.
 
-    Inputs: `hidden` (B, H) the Talker's last hidden state, `first` (B,) codebook 0, `noise`
-    (B, Q-1, V) uniform draws. Output: `codes` (B, Q). `run` reads the inputs and writes the
-    output in place, so a graph of `run` replays on whatever the inputs hold.
+    Inputs: `hidden` (B, H) the Talker's last hidden state, `first` (B,) codebook 0, `counts`
+    (2, B) each row's stream key and draws so far, `greedy` (B,) rows that take the argmax.
+    Output: `codes` (B, Q). `run` reads the inputs and writes the output in place, so a graph
+    of `run` replays on whatever the inputs hold.
     """
 
     def __init__(self, predictor, talker_embed, num_codes: int, batch: int,
@@ -76,7 +71,9 @@ class StaticResidual:
                             num_codes, head_dim, device, dtype)
         self.hidden = torch.zeros(batch, config.hidden_size, device=device, dtype=dtype)
         self.first = torch.zeros(batch, dtype=torch.long, device=device)
-        self.noise = torch.full((batch, num_codes - 1, config.vocab_size), 0.5, device=device)
+        self.counts = torch.zeros(2, batch, dtype=torch.long, device=device)
+        self.greedy = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.vocab = config.vocab_size
         self.codes = torch.zeros(batch, num_codes, dtype=torch.long, device=device)
         # Step 0 feeds positions 0 and 1 (the hidden state, codebook 0); step k>0 position k+1.
         self._at = [torch.arange(2, device=device)] + [
@@ -94,24 +91,29 @@ class StaticResidual:
         return {
             "hidden": tuple(self.hidden.shape),
             "first": tuple(self.first.shape),
-            "noise": tuple(self.noise.shape),
+            "counts": tuple(self.counts.shape),
+            "greedy": tuple(self.greedy.shape),
             "codes": tuple(self.codes.shape),
             "kv": tuple(self.kv.keys[0].shape),
         }
 
-    def load(self, hidden: torch.Tensor, first: torch.Tensor, streams: list[Stream]) -> None:
-        """Copy a batch of `len(streams)` rows in; rows past it keep what they held (discarded)."""
+    def load(self, hidden: torch.Tensor, first: torch.Tensor, counts: torch.Tensor,
+             greedy: torch.Tensor) -> None:
+        """Copy a batch of `hidden.shape[0]` rows in (device to device); rows past it keep what
+        they held (discarded)."""
         n = hidden.shape[0]
         self.hidden[:n].copy_(hidden)
         self.first[:n].copy_(first)
-        if self.sampling.temperature > 0:
-            shape = self.noise.shape[1:]
-            noise = uniform_block(streams, shape.numel()).reshape(n, *shape)
-            self.noise[:n].copy_(torch.from_numpy(noise))
+        self.counts[:, :n].copy_(counts)
+        self.greedy[:n].copy_(greedy)
 
     def run(self) -> None:
         predictor = self.predictor
         embeds = predictor.get_input_embeddings()
+        noise = None
+        if self.sampling.temperature > 0:
+            draws = gumbel_draws(self.num_codes, self.vocab)
+            noise = uniform32(self.counts, draws).view(self.batch, self.num_codes - 1, -1)
         x = torch.stack([self.hidden, self.talker_embed(self.first)], dim=1)
         self.codes[:, 0].copy_(self.first)
         for k in range(self.num_codes - 1):
@@ -123,87 +125,62 @@ class StaticResidual:
                 inputs_embeds=x,
                 attention_mask=self._masks[k],
                 position_ids=at[None].expand(self.batch, -1),
-                cache=self.kv,
+                **{compat.CODE_PREDICTOR_CACHE: self.kv},
                 use_cache=True,
             ).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()
-            self.codes[:, k + 1].copy_(gumbel_draw(logits, self.noise[:, k], self.sampling))
+            code = logits.argmax(-1)
+            if noise is not None:
+                code = torch.where(self.greedy, code, gumbel_draw(logits, noise[:, k], self.sampling))
+            self.codes[:, k + 1].copy_(code)
+
+
+def gumbel_draws(num_codes: int, vocab: int) -> int:
+    """Draws a sampled row takes per frame in the graph: a uniform per code and candidate."""
+    return (num_codes - 1) * vocab
 
 
 def gumbel_draw(logits: torch.Tensor, noise: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """(B, V) logits and (B, V) uniform noise -> (B,) ids drawn as `sample` draws them, without
-    a host sync: argmax(logits + Gumbel noise) is a draw from softmax(logits)."""
+    a host sync: argmax(logits + Gumbel noise) is a draw from softmax(logits). Noise is held
+    inside (0, 1): at 1.0 the Gumbel term is +inf, and on a filtered (-inf) token NaN, which
+    argmax would pick."""
     if sampling.temperature <= 0:
         return logits.argmax(-1)
-    gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(noise.dtype).tiny)))
+    noise = noise.clamp(min=torch.finfo(noise.dtype).tiny, max=NOISE_MAX)
+    gumbel = -torch.log(-torch.log(noise))
     return (filtered(logits, sampling) + gumbel).argmax(-1)
 
 
-class GraphedResidual:
-    """`StaticResidual` captured as one CUDA graph per batch bucket, captured on first use.
+class GraphedResidual(BucketGraphs):
+    """`StaticResidual` per batch bucket, captured as one CUDA graph each at `warm_up` (or run
+    from its buffers without one when not `capture`).
 
-    Calling it returns (B, Q) codes, or None where the eager path must run instead: past the
-    largest bucket, or once a capture has failed (logged once; the eager path stays correct).
+    Calling it returns (B, Q) codes for a batch it `holds`, and how they ran; the eager path
+    runs the others.
     """
 
-    def __init__(self, make: Callable[[int], StaticResidual]) -> None:
-        self._make = make
-        self._static: dict[int, StaticResidual] = {}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._pool = None
-        self.failed = False
+    def __init__(self, make: Callable[[int], StaticResidual], capture: bool = True,
+                 pool: GraphPool | None = None) -> None:
+        super().__init__("code predictor", make, capture, pool)
 
-    def __call__(self, hidden: torch.Tensor, first: torch.Tensor,
-                 streams: list[Stream]) -> torch.Tensor | None:
-        size = bucket(hidden.shape[0])
-        if size is None or self.failed:
-            return None
-        if size not in self._graphs and not self._capture(size):
-            return None
-        static = self._static[size]
-        static.load(hidden, first, streams)
-        self._graphs[size].replay()
-        return static.codes[: hidden.shape[0]].clone()
-
-    def _capture(self, size: int) -> bool:
-        try:
-            static = self._make(size)
-            # Warm-up on a side stream, as torch.cuda.graphs asks: lazy inits and autotuning
-            # happen outside the capture.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    static.run()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            # thread_local: work other threads of the process put on the GPU meanwhile does
-            # not invalidate this capture.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                static.run()
-        except Exception as exc:  # noqa: BLE001 - any failed capture leaves the eager path
-            log.warning("code predictor CUDA graph capture failed (batch %d), eager from now: %s",
-                        size, exc)
-            self.failed = True
-            return False
-        self._static[size], self._graphs[size] = static, graph
-        return True
+    def __call__(self, hidden: torch.Tensor, first: torch.Tensor, counts: torch.Tensor,
+                 greedy: torch.Tensor) -> tuple[torch.Tensor, str]:
+        batch = hidden.shape[0]
+        static = self.static(batch)
+        static.load(hidden, first, counts, greedy)
+        how = self.run(batch)
+        return static.codes[:batch].clone(), how
 
 
 def residual_graphs(predictor, talker_embed, num_codes: int, sampling: Sampling,
-                    device, dtype, enabled: bool) -> GraphedResidual | None:
-    """The graph runner when `enabled` and the model is on a CUDA device; None otherwise, and
-    then nothing of this module touches the model."""
-    if not enabled:
-        return None
-    if torch.device(device).type != "cuda":
-        log.info("engine.cuda_graphs is on but the model is on %s: the code predictor runs eager",
-                 device)
+                    device, dtype, settings: GraphSettings) -> GraphedResidual | None:
+    """The fixed-buffer runner when `settings` asks for one; None otherwise, and then nothing
+    of this module touches the model."""
+    if not settings.static:
         return None
     return GraphedResidual(
         lambda batch: StaticResidual(predictor, talker_embed, num_codes, batch, sampling,
-                                     device, dtype)
+                                     device, dtype),
+        settings.capture, settings.pool,
     )
-

@@ -1,24 +1,30 @@
 """One session's state in a Qwen3-Omni adapter: its context, its reply, and the pool rows it holds.
 
 The Thinker and Talker KV and the codec carry state live in pools the adapter shares across
-sessions (`Pools`); a session holds row numbers in them, claimed on first use and given back when
-its reply ends (Talker, codec) or it closes (Thinker). A session whose context starts from a
-prefix cache entry pins that entry until it closes; its own rows hold a copy.
+sessions (`Pools`); a session holds slots in them, claimed on first use and given back when its
+reply ends (Talker, codec) or it closes (Thinker). A session whose context starts from a prefix
+cache entry pins that entry until it closes; its slot holds the entry's blocks by reference.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from models.kv import SlotKV, tensor_bytes
+from models.kv import tensor_bytes
+from models.paged_kv import PagedKV
 from models.prefix_cache import PrefixCache, PrefixKey
 from models.qwen3_omni.codec import Code2WavPool
 from models.qwen3_omni.options import Stream
 from models.reply import Truncation
 from models.tool_forcing import CallForcing
+
+if TYPE_CHECKING:
+    from models.qwen3_omni.memory import KVMemory
 
 OTHER, USER, PREFIX = 0, 1, 2
 """Role of a Thinker position for the Talker: none, user-turn context, assistant prefix."""
@@ -26,10 +32,11 @@ OTHER, USER, PREFIX = 0, 1, 2
 
 @dataclass(frozen=True)
 class Pools:
-    thinker: SlotKV
-    talker: SlotKV
+    thinker: PagedKV
+    talker: PagedKV
     codec: Code2WavPool
     prefix: PrefixCache
+    memory: KVMemory
 
 
 @dataclass
@@ -37,9 +44,9 @@ class Piece:
     """Consecutive Thinker positions of one kind, waiting for the next forward."""
 
     embeds: torch.Tensor
-    positions: torch.Tensor
+    positions: np.ndarray
     """(3, n) M-RoPE positions (temporal, height, width), on the host: a batch's index
-    tensors are assembled there and cross to the device once."""
+    arrays are assembled there and cross to the device once (`models.syncs.upload`)."""
     role: int
     multimodal: bool = False
     deepstack: tuple[torch.Tensor, ...] | None = None
@@ -64,7 +71,12 @@ class Session:
     temperature: float | None = None
     """This reply's; None for the adapter's own Thinker sampling."""
     forcing: CallForcing | None = None
-    """This reply's tool_choice constraint ("required" or a named function); None: free."""
+    """The tool call this reply is writing to its grammar (forced by its tool_choice, or
+    opened by the model); None: free."""
+    call_tools: tuple[dict[str, Any], ...] = ()
+    """The tools this reply was offered: a call it opens itself follows their schemas."""
+    call_tail: str = ""
+    """The end of the reply's text, where a call's opening tag is looked for."""
     token_limit: int = 0
     """Thinker tokens after which the adapter ends this reply (a forced call's own tokens
     come on top of the adapter's reply length)."""
@@ -78,9 +90,21 @@ class Session:
     reply's usage reports them)."""
     full: bool = False
     """Truncation is disabled and input did not fit: the reply ends without a token."""
+    kv_full: bool = False
+    """The KV memory has no room for this reply: it ends with server_full."""
+    lost_input: bool = False
+    """Input was refused for want of KV memory: the next reply ends with server_full, so the
+    user hears why it went unanswered."""
     cached: int = 0
-    """Positions already in the KV when the current reply began."""
+    """Positions of the context taken from the prefix cache instead of computed (its head,
+    when a cache entry held it)."""
     next_pos: int = 0
+    marks: list = field(default_factory=list)
+    """The context's item boundaries (`context.ContextMark`), in order."""
+    evicted: int = 0
+    """Positions truncation has dropped from this context, ever."""
+    talker_taken: int = 0
+    """User positions handed to the Talker, ever (it keeps the latest of them)."""
     turn: str | None = None
     audio_open: bool = False
     pending: list[Piece] = field(default_factory=list)
@@ -104,14 +128,14 @@ class Session:
 
     @property
     def nbytes(self) -> int:
-        pieces = [(p.embeds, p.positions, p.deepstack or ()) for p in self.pending]
+        pieces = [(p.embeds, p.deepstack or ()) for p in self.pending]
         held = tensor_bytes(
             [pieces, self.talker_ctx, self.talker_prefix, self.text_queue, self.last_codes]
-        )
+        ) + sum(p.positions.nbytes for p in self.pending)
         if self.thinker_slot is not None:
-            held += self.pools.thinker.slot_bytes()
+            held += self.pools.thinker.slot_bytes(self.thinker_slot)
         if self.talker_slot is not None:
-            held += self.pools.talker.slot_bytes()
+            held += self.pools.talker.slot_bytes(self.talker_slot)
         if self.codec_row is not None:
             held += self.pools.codec.row_bytes()
         return held
@@ -124,12 +148,16 @@ class Session:
             self.pools.talker.check(self.talker_slot, self.sid)
 
     def end_reply(self) -> None:
-        """Drop the reply in progress and give back its Talker and codec rows."""
+        """Drop the reply in progress and give back its Talker and codec rows, and the KV
+        blocks it reserved and did not use."""
+        self.pools.thinker.unreserve(self.sid)
+        self.pools.talker.unreserve(self.sid)
         if self.talker_slot is not None:
             self.pools.talker.release(self.talker_slot, self.sid)
         if self.codec_row is not None:
             self.pools.codec.release(self.codec_row, self.sid)
         self.responding, self.thinker_done, self.forcing = False, True, None
+        self.call_tools, self.call_tail = (), ""
         self.talker_slot, self.talker_pos, self.codec_row = None, 0, None
         self.talker_prefix, self.last_codes = None, None
         self.text_queue.clear()
@@ -141,6 +169,8 @@ class Session:
             self.pools.thinker.release(self.thinker_slot, self.sid)
         if self.prefix is not None:
             self.pools.prefix.release(self.prefix)
+        self.pools.memory.remove(self)
         self.thinker_slot, self.prefix = None, None
         self.pending.clear()
         self.talker_ctx.clear()
+        self.marks.clear()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
+from models.qwen3_omni.compat import thinker_parts
 from models.qwen3_omni.tiny import (
     OPTIONS_FILE,
     RANDOM_WEIGHTS_OPTIONS,
@@ -253,11 +254,12 @@ class PartSize:
 
 def part_sizes(model: torch.nn.Module) -> list[PartSize]:
     """Parameters and bytes of each stage's module, and of the whole model last."""
+    thinker = thinker_parts(model)
     parts = {
-        "thinker": model.thinker.model.language_model,
+        "thinker": thinker.text,
         "thinker head": model.thinker.lm_head,
-        "audio encoder": model.thinker.model.audio_tower,
-        "vision encoder": model.thinker.model.visual,
+        "audio encoder": thinker.audio,
+        "vision encoder": thinker.vision,
         "talker": model.talker.model,
         "code predictor": model.talker.code_predictor,
         "code2wav": model.code2wav,
@@ -291,7 +293,8 @@ def shaped_model(
     return model
 
 
-def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool = False):
+def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool = False,
+                kv_memory: float = 0.0):
     """The shaped model built in memory on `device` behind the Qwen3-Omni adapter, as a saved
     shaped checkpoint would load."""
     from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
@@ -304,7 +307,8 @@ def load_shaped(layers: int | None, device: str, dtype: str, cuda_graphs: bool =
         device,
         dtype,
         Qwen3OmniOptions(**RANDOM_WEIGHTS_OPTIONS),
-        cuda_graphs,
+        cuda_graphs=cuda_graphs,
+        kv_memory=kv_memory,
     )
 
 

@@ -12,19 +12,33 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from models.base import TalkerFrame, ThinkerToken
-from models.kv import SlotKV
-from models.qwen3_omni.graphs import residual_graphs
-from models.qwen3_omni.options import Qwen3OmniOptions, Sampling, sample_rows
+from models.cuda_graphs import BucketGraphs, GraphSettings, step_counts
+from models.paged_kv import PagedKV
+from models.paged_static import StaticStep
+from models.qwen3_omni import compat
+from models.qwen3_omni.graphs import gumbel_draws, residual_graphs
+from models.qwen3_omni.options import (
+    Qwen3OmniOptions,
+    Sampling,
+    advance,
+    counters,
+    sample_rows,
+    uniform64,
+)
 from models.qwen3_omni.session import PREFIX, USER, Session
+from models.syncs import fetch, upload
 
 
 class Talker:
-    def __init__(self, model, kv: SlotKV, options: Qwen3OmniOptions, device, dtype,
-                 cuda_graphs: bool = False) -> None:
+    def __init__(self, model, kv: PagedKV, options: Qwen3OmniOptions, device, dtype,
+                 graphs: GraphSettings | None = None) -> None:
+        """`graphs`: whether the decode steps and the code predictor's frames run from fixed
+        buffers, captured as CUDA graphs."""
         config = model.config.talker_config
         self.module = model.talker
         self.predictor = model.talker.code_predictor
@@ -43,47 +57,68 @@ class Talker:
         }
         if options.speaker.lower() not in self._prefixes:
             raise ValueError(f"unknown speaker {options.speaker!r}; have {list(self.voices)}")
+        graphs = graphs or GraphSettings()
         self.graphs = residual_graphs(
             self.predictor, self.module.get_input_embeddings(), self.num_codes,
-            options.residual_sampling, device, dtype, cuda_graphs,
+            options.residual_sampling, device, dtype, graphs,
         )
+        hidden = config.text_config.hidden_size
+        self.step_graphs = BucketGraphs(
+            "Talker decode",
+            lambda batch: StaticStep(self.module.model, compat.TALKER_CACHE, kv, batch, hidden,
+                                     dtype),
+            graphs.capture, graphs.pool) if graphs.static else None
+        self.steps = step_counts()
+        """Decode steps (the one-position rows of a step call) by how they ran."""
+        self.frames = step_counts()
+        """The code predictor's frames by how they ran."""
 
     def conditioning(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker input embeddings of reply tokens -> the Talker's text input for them."""
         return self.module.text_projection(embeds)
 
-    def take_context(self, sessions: list[Session], embeds, accepted, role, multimodal, user_mm):
+    def take_context(self, sessions: list[Session], embeds: torch.Tensor,
+                     accepted: torch.Tensor | None, role: np.ndarray,
+                     multimodal: np.ndarray) -> None:
         """Project the user-turn and assistant-prefix positions as generate does for the Talker.
 
         Text positions go through `text_projection` of their input embedding, audio and image
         positions through `hidden_projection` of the Thinker layer `accept_hidden_layer`.
+        `role` and `multimodal` (B, q) are the host's: which positions those are is known
+        there, so one gather takes them, with no mask read back from the device.
         """
         user, prefix = role == USER, role == PREFIX
-        text = (user & ~multimodal) | prefix
-        if not bool(user.any() or prefix.any()):
+        if not (user.any() or prefix.any()):
             return
-        ctx = torch.zeros(
-            *role.shape,
-            self.module.config.text_config.hidden_size,
-            device=self.device,
-            dtype=self.dtype,
-        )
-        on_device = self.device
-        if bool(text.any()):
-            where = text.to(on_device)
-            ctx[where] = self.module.text_projection(embeds[where])
-        if bool(user_mm.any()):
-            where = user_mm.to(on_device)
-            ctx[where] = self.module.hidden_projection(accepted[where])
+        # User positions of every row, then prefix positions of every row, row-major: each
+        # session's share is a run of known length.
+        chosen = np.concatenate([np.flatnonzero(user), np.flatnonzero(prefix)])
+        audio = multimodal.reshape(-1)[chosen]
+        text_at, audio_at = np.flatnonzero(~audio), np.flatnonzero(audio)
+        index = upload(np.concatenate([chosen[text_at], text_at, chosen[audio_at], audio_at]),
+                       self.device)
+        n_text, n_audio = len(text_at), len(audio_at)
+        text_from, text_to = index[:n_text], index[n_text : 2 * n_text]
+        audio_from, audio_to = index[2 * n_text : 2 * n_text + n_audio], index[2 * n_text + n_audio :]
+        ctx = embeds.new_empty(len(chosen), self.module.config.text_config.hidden_size)
+        if n_text:
+            flat = embeds.flatten(0, 1).index_select(0, text_from)
+            ctx.index_copy_(0, text_to, self.module.text_projection(flat))
+        if n_audio:
+            flat = accepted.flatten(0, 1).index_select(0, audio_from)
+            ctx.index_copy_(0, audio_to, self.module.hidden_projection(flat))
+        counts = [*user.sum(1).tolist(), *prefix.sum(1).tolist()]
+        parts = ctx.split(counts)
         limit = self.options.talker_context
         for b, sess in enumerate(sessions):
-            if bool(user[b].any()):
-                sess.talker_ctx.append(ctx[b][user[b].to(on_device)])
+            if counts[b]:
+                sess.talker_ctx.append(parts[b])
+                sess.talker_taken += counts[b]
                 total = sum(t.shape[0] for t in sess.talker_ctx)
                 if total > limit:
                     sess.talker_ctx = [torch.cat(sess.talker_ctx)[total - limit :]]
-            if bool(prefix[b].any()):
-                sess.talker_prefix = ctx[b][prefix[b].to(on_device)]
+            if counts[len(sessions) + b]:
+                sess.talker_prefix = parts[len(sessions) + b]
 
     def step(self, sessions: list[Session], tokens: list[ThinkerToken | None]) -> list[TalkerFrame]:
         rows: list[tuple[Session, torch.Tensor | None]] = []
@@ -112,7 +147,14 @@ class Talker:
             )
             rows = [(sess, next(step_inputs)[None] if x is None else x) for sess, x in rows]
         if rows:
-            for sess, frame in zip((s for s, _ in rows), self._forward(rows), strict=True):
+            # A reply's first step forwards its whole context, the others one position each:
+            # in one forward every row would be padded to the longest (one such row among 32
+            # doubled the call), so they go apart, and meet again to sample.
+            rows.sort(key=lambda row: row[1].shape[0] > 1)
+            groups = [([r for r in rows if r[1].shape[0] == 1], True),
+                      ([r for r in rows if r[1].shape[0] > 1], False)]
+            last = torch.cat([self._last_hidden(group, step) for group, step in groups if group])
+            for sess, frame in zip((s for s, _ in rows), self._frames(rows, last), strict=True):
                 frames[id(sess)] = frame
         return [frames[id(s)] for s in sessions]
 
@@ -140,47 +182,67 @@ class Talker:
             total = total + emb(codes[:, k + 1])
         return total
 
-    def _forward(self, rows: list[tuple[Session, torch.Tensor]]) -> list[TalkerFrame]:
-        opts = self.options
+    def _last_hidden(self, rows: list[tuple[Session, torch.Tensor]],
+                     step: bool = False) -> torch.Tensor:
+        """One forward of the rows' new positions -> each row's last hidden state (B, H).
+        `step`: one position each, a decode step."""
         sessions = [s for s, _ in rows]
         new = [x.shape[0] for _, x in rows]
-        q, batch = max(new), len(rows)
+        q, ends = max(new), np.array(new) - 1
         embeds = torch.nn.utils.rnn.pad_sequence([x for _, x in rows], batch_first=True)
         # Padding repeats a row's last position so rotary phases stay in range.
-        last_step = torch.tensor(new)[:, None] - 1
-        positions = torch.tensor([s.talker_pos for s in sessions])[:, None] + torch.minimum(
-            torch.arange(q)[None], last_step
-        )
-        kv = self.kv.bind([s.talker_slot for s in sessions], [s.sid for s in sessions], new)
-        out = self.module.model(
-            inputs_embeds=embeds,
-            attention_mask=kv.mask,
-            position_ids=positions.to(self.device)[None].expand(3, -1, -1),
-            cache=kv,
-            use_cache=True,
-        )
-        kv.commit()
-        ends = torch.tensor(new, device=self.device) - 1
-        last = out.last_hidden_state[torch.arange(batch, device=self.device), ends]
+        positions = np.array([s.talker_pos for s in sessions])[:, None] + np.minimum(
+            np.arange(q)[None], ends[:, None])
+        slots, owners = [s.talker_slot for s in sessions], [s.sid for s in sessions]
+        graphs = self.step_graphs
+        if step and q == 1 and graphs is not None and graphs.holds(len(rows)):
+            meta = self.kv.plan(slots, owners, new)
+            static = graphs.static(len(rows))
+            static.load(embeds, upload(positions, self.device)[None].expand(3, -1, -1), meta)
+            self.steps[graphs.run(len(rows))] += 1
+            self.kv.commit(slots, new)
+            last = static.hidden[: len(rows)].clone()
+        else:
+            kv = self.kv.bind(slots, owners, new)
+            out = self.module.model(
+                inputs_embeds=embeds,
+                attention_mask=kv.mask,
+                position_ids=upload(positions, self.device)[None].expand(3, -1, -1),
+                **{compat.TALKER_CACHE: kv},
+                use_cache=True,
+            )
+            kv.commit()
+            if step:
+                self.steps["eager"] += 1
+            at = upload(ends, self.device)
+            last = out.last_hidden_state[torch.arange(len(rows), device=self.device), at]
+        for sess, n in zip(sessions, new, strict=True):
+            sess.talker_pos += n
+        return last
+
+    def _frames(self, rows: list[tuple[Session, torch.Tensor]],
+                last: torch.Tensor) -> list[TalkerFrame]:
+        """The rows' last hidden states -> their next frames (codebook 0, then the rest)."""
+        opts = self.options
+        sessions = [s for s, _ in rows]
         logits = self.module.codec_head(last).float()
-        logits[:, self.codec_suppress] = -math.inf
-        for b, sess in enumerate(sessions):
-            sess.talker_pos += new[b]
-            if sess.frames < opts.min_frames:
-                logits[b, self.codec_eos] = -math.inf
+        logits.masked_fill_(self.codec_suppress, -math.inf)
+        early = [sess.frames < opts.min_frames for sess in sessions]
+        if any(early):
+            logits[:, self.codec_eos].masked_fill_(upload(early, self.device, torch.bool),
+                                                   -math.inf)
         first = sample_rows(logits, [_sampling(s, opts.talker_sampling) for s in sessions],
                             [s.talker_gen for s in sessions])
-        first_list = first.tolist()
-        go = [b for b, code in enumerate(first_list) if code != self.codec_eos]
-        codes = self._residual_codes(last[go], first[go], [sessions[b] for b in go]) if go else None
+        # Every row's residual codes before the one read back: a row that drew codec EOS
+        # wastes a little work, where reading first would drain the device queue mid-step.
+        codes = self._residual_codes(last, first, sessions)
         result = []
-        rows = iter(codes) if codes is not None else iter(())
-        for b, sess in enumerate(sessions):
-            if first_list[b] == self.codec_eos:
+        for b, (sess, code) in enumerate(zip(sessions, fetch(first).tolist(), strict=True)):
+            if code == self.codec_eos:
                 sess.talker_done = True
                 result.append(TalkerFrame(None, True))
                 continue
-            frame = next(rows)
+            frame = codes[b]
             sess.last_codes = frame
             sess.frames += 1
             sess.talker_done = sess.frames >= opts.max_frames
@@ -196,24 +258,31 @@ class Talker:
                         sessions: list[Session]) -> torch.Tensor:
         """Codebooks 1..Q-1 from the code predictor, for all rows at once -> (B, Q)."""
         samplings = [_sampling(s, self.options.residual_sampling) for s in sessions]
-        gens = [s.talker_gen for s in sessions]
-        # The graphs hold the checkpoint's own sampling; a greedy reply takes the eager path.
-        if self.graphs is not None and all(
-            sampling == self.options.residual_sampling for sampling in samplings
-        ):
-            codes = self.graphs(hidden, first, gens)
-            if codes is not None:
-                return codes
+        streams = [s.talker_gen for s in sessions]
+        drawing = [sampling.temperature > 0 for sampling in samplings]
+        if self.graphs is not None and self.graphs.holds(len(sessions)):
+            greedy = upload([not d for d in drawing], self.device, torch.bool)
+            codes, how = self.graphs(hidden, first, counters(streams, self.device), greedy)
+            self.frames[how] += 1
+            advance(streams, gumbel_draws(self.num_codes, self.predictor.config.vocab_size),
+                    drawing)
+            return codes
+        self.frames["eager"] += 1
         predictor = self.predictor
         cache = DynamicCache(config=predictor.config)
         x = torch.stack([hidden, self.module.get_input_embeddings()(first)], dim=1)
+        steps = self.num_codes - 1
+        noise = uniform64(counters(streams, self.device), steps) if any(drawing) else None
+        advance(streams, steps, drawing)
         codes = [first]
-        for k in range(self.num_codes - 1):
+        for k in range(steps):
             if k:
                 x = predictor.get_input_embeddings()[k - 1](codes[-1])[:, None]
-            h = predictor.model(inputs_embeds=x, cache=cache, use_cache=True).last_hidden_state
+            h = predictor.model(inputs_embeds=x, **{compat.CODE_PREDICTOR_CACHE: cache},
+                                use_cache=True).last_hidden_state
             logits = predictor.lm_head[k](h[:, -1]).float()
-            codes.append(sample_rows(logits, samplings, gens))
+            codes.append(sample_rows(logits, samplings, streams,
+                                     None if noise is None else noise[:, k]))
         return torch.stack(codes, dim=1)
 
 

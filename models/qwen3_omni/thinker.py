@@ -1,5 +1,5 @@
 """The Thinker side of the Qwen3-Omni adapter: each session's chat context, batched forwards over
-the slot KV, and reply tokens.
+the paged KV, and reply tokens.
 
 New positions wait in a session as pieces (text, audio or image embeddings with their M-RoPE
 positions) until the next forward, which takes every session's pieces at once. A user turn opens
@@ -7,8 +7,11 @@ with the first input after a reply and closes at `begin`; input during a reply e
 text. Every forward hands the Talker the positions it conditions on.
 
 A context's head (the system turn set before any input) is computed once per model version
-and token sequence: the first session to forward it stores its KV in the prefix cache, later
-ones copy it into their slot instead of computing it.
+and token sequence: the first session to forward it keeps its KV blocks in the prefix cache,
+later ones start their block table with the same blocks instead of computing it.
+
+How much KV a context may hold is `models.qwen3_omni.memory`'s: its context limit and its
+share of the pool, each enforced by the session's truncation policy.
 """
 
 from __future__ import annotations
@@ -18,51 +21,80 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
-from models.base import ReplyTurn, TextTurn, ThinkerToken
-from models.kv import SlotKV
-from models.prefix_cache import PrefixCache
+from models.base import Mark, ReplyTurn, Rewind, TextTurn, ThinkerToken
+from models.cuda_graphs import BucketGraphs, GraphSettings, step_counts
+from models.paged_kv import PagedKV
+from models.paged_static import StaticStep
+from models.prefix_cache import PrefixCache, PrefixKV
+from models.qwen3_omni import compat
+from models.qwen3_omni.context import OWN_TURNS, ConversationTurns
 from models.qwen3_omni.encoders import AudioFeatures, VisionFeatures
+from models.qwen3_omni.memory import KVMemory, cut
 from models.qwen3_omni.options import Qwen3OmniOptions, sample_rows
 from models.qwen3_omni.session import OTHER, PREFIX, USER, Piece, Session
 from models.qwen3_omni.talker import Talker
-from models.tool_forcing import CallForcing, forced_names
+from models.syncs import fetch, upload
+from models.tool_forcing import OPEN, CallForcing, CallMasks, Vocabulary, forced_names
 
 
 class ContextTooLong(ValueError):
     """One input does not fit in the context even after evicting everything evictable."""
 
 
-class Thinker:
+class Thinker(ConversationTurns):
     def __init__(
         self,
         model,
         tokenizer,
-        kv: SlotKV,
+        kv: PagedKV,
         talker: Talker,
         options: Qwen3OmniOptions,
         device,
         dtype,
         prefix_cache: PrefixCache,
         version: str,
+        memory: KVMemory,
+        graphs: GraphSettings | None = None,
     ) -> None:
-        """`version` identifies the language model's weights (`models.fingerprint`)."""
+        """`version` identifies the language model's weights (`models.fingerprint`); `graphs`
+        says whether decode steps run from fixed buffers, captured as CUDA graphs."""
         self.module = model.thinker
-        self.lm = model.thinker.model.language_model
+        self.lm = compat.thinker_parts(model).text
         self.tokenizer = tokenizer
         self.kv, self.talker, self.options = kv, talker, options
         self.device, self.dtype = device, dtype
         self.ids = token_ids(tokenizer, model.config)
         self.eos_ids = sorted(self.ids["eos"])
         vocab = model.config.thinker_config.text_config.vocab_size
+        # Masks over the vocabulary, on the device once: a step fills with them, where
+        # indexing by a boolean mask or a list of ids would sync or copy every time.
         self.suppress = _suppressed(tokenizer, vocab, self.ids["eos"]).to(device)
-        self.prefix_cache, self.version = prefix_cache, version
+        self.eos = torch.zeros(vocab, dtype=torch.bool)
+        self.eos[self.eos_ids] = True
+        self.eos = self.eos.to(device)
+        self.prefix_cache, self.memory = prefix_cache, memory
+        # A cache entry is blocks of this pool: the key says which.
+        self.version = f"{version}@kv{kv.uid}"
+        self.vocab_size = vocab
+        self._vocabulary: Vocabulary | None = None
+        self.masks = CallMasks(vocab, device)
         self.positions = 0
         """Positions computed by forwards since the Thinker was made (prefix cache hits not)."""
+        graphs = graphs or GraphSettings()
+        hidden = model.config.thinker_config.text_config.hidden_size
+        self.graphs = BucketGraphs(
+            "Thinker decode",
+            lambda batch: StaticStep(self.lm, compat.THINKER_CACHE, kv, batch, hidden, dtype),
+            graphs.capture, graphs.pool) if graphs.static else None
+        self.steps = step_counts()
+        """Decode steps (the one-position rows of a decode call) by how they ran."""
 
     def start(self, sess: Session) -> None:
         """Open a new session's context with the server's own system prompt, if it has one."""
+        self.memory.add(sess)
         self._system_turn(sess, render_system(self.options.system_prompt or "", ()))
 
     def instruct(self, sess: Session, instructions: str, tools: tuple[dict[str, Any], ...]) -> None:
@@ -77,10 +109,30 @@ class Thinker:
         names = forced_names(tool_choice, tools)
         if not names:
             return None
-        return CallForcing(names, self._encode, self.ids["im_end"])
+        return CallForcing(self.vocabulary(), tools, names)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def vocabulary(self) -> Vocabulary:
+        """Built at the first call a reply makes, not with the model: most sessions make none."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.tokenizer, self.vocab_size, self.ids["im_end"])
+        return self._vocabulary
+
+    def _watch_call(self, sess: Session, text: str) -> None:
+        """A reply that opens a call of its own writes it to its tools' schemas from there."""
+        if sess.forcing is not None or not sess.call_tools:
+            return
+        sess.call_tail = (sess.call_tail + text)[-4 * len(OPEN):]
+        at = sess.call_tail.find(OPEN)
+        if at < 0:
+            return
+        written = sess.call_tail[at + len(OPEN):]
+        sess.call_tail = ""
+        vocab = self.vocabulary()
+        forcing = CallForcing(vocab, sess.call_tools, [t["name"] for t in sess.call_tools],
+                              opened=True)
+        for token in vocab.tokens(written) if written else ():
+            forcing.advance(token)
+        sess.forcing = None if forcing.broken else forcing
 
     def _system_text(self, instructions: str, tools: tuple[dict[str, Any], ...]) -> str:
         return render_system(instructions or self.options.system_prompt or "", tools)
@@ -92,8 +144,11 @@ class Thinker:
             return
         head = sess.next_pos == sess.keep
         if head:
+            self._drop_head(sess)
             sess.pending, sess.next_pos, sess.keep, sess.head = [], 0, 0, ()
         sess.system = text
+        if head:
+            self.marks_follow_head(sess)
         if not text:
             return
         ids = self.ids
@@ -104,26 +159,32 @@ class Thinker:
         if head:
             sess.keep, sess.head = len(tokens), tuple(tokens)
 
+    def _drop_head(self, sess: Session) -> None:
+        """Forget a head already forwarded (a context rewound to its start)."""
+        if sess.thinker_slot is not None and self.kv.length[sess.thinker_slot]:
+            self.kv.truncate(sess.thinker_slot, sess.sid, 0)
+        if sess.prefix is not None:
+            self.prefix_cache.release(sess.prefix)
+            sess.prefix = None
+
     @torch.inference_mode()
     def push_text(self, sess: Session, tokens: list[int], role: int) -> None:
-        ids = torch.tensor(tokens, device=self.device)
-        embeds = self.module.get_input_embeddings()(ids)
+        embeds = self.module.get_input_embeddings()(upload(tokens, self.device))
         self.push(sess, embeds, role)
 
     def push(
         self, sess: Session, embeds: torch.Tensor, role: int, multimodal: bool = False
     ) -> None:
         n = embeds.shape[0]
-        pos = torch.arange(sess.next_pos, sess.next_pos + n).expand(3, -1)
+        pos = np.broadcast_to(np.arange(sess.next_pos, sess.next_pos + n), (3, n))
         sess.pending.append(Piece(embeds, pos, role, multimodal))
         sess.next_pos += n
 
     def push_vision(self, sess: Session, feats: VisionFeatures) -> None:
         h, w = feats.grid
         start = sess.next_pos
-        hh = torch.arange(h)[:, None].expand(h, w).flatten()
-        ww = torch.arange(w)[None, :].expand(h, w).flatten()
-        pos = torch.stack([torch.zeros_like(hh), hh, ww]) + start
+        hh, ww = np.divmod(np.arange(h * w), w)
+        pos = np.stack([np.zeros_like(hh), hh, ww]) + start
         sess.pending.append(Piece(feats.embeds, pos, USER, True, feats.deepstack))
         sess.next_pos = start + max(h, w)
 
@@ -151,16 +212,29 @@ class Thinker:
 
     def prefill(self, sessions: list[Session], features: list[Any]) -> None:
         for feat in features:
-            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn,
-                                     type(None))):
+            if not isinstance(feat, (AudioFeatures, VisionFeatures, TextTurn, ReplyTurn, Mark,
+                                     Rewind, type(None))):
                 raise TypeError(f"cannot prefill {type(feat).__name__}")
         ids = self.ids
         rows = []
         for sess, feat in zip(sessions, features, strict=True):
             if feat is None:
                 continue
-            if isinstance(feat, ReplyTurn):
-                self.restore_reply(sess, feat)
+            if isinstance(feat, Rewind):
+                self.rewind(sess, feat.key)
+                if feat.system is not None:
+                    self.instruct(sess, *feat.system)
+                continue
+            if isinstance(feat, Mark):
+                # What it closes is forwarded with what comes next (`rewind` sees to it).
+                self.mark(sess, feat.key)
+                continue
+            own = isinstance(feat, TextTurn) and feat.role in OWN_TURNS
+            if isinstance(feat, ReplyTurn) or own:
+                if own:
+                    self.own_turn(sess, feat)
+                else:
+                    self.restore_reply(sess, feat)
                 rows.append(sess)
                 continue
             self.open_user(sess)
@@ -178,9 +252,7 @@ class Thinker:
                 else:
                     self.push_text(sess, self._text_tokens(feat), USER)
             rows.append(sess)
-        rows = [sess for sess in rows if self._fits(sess)]
-        if rows:
-            self.forward(rows)
+        self.forward_pending([sess for sess in rows if self._fits(sess)])
 
     def begin(self, sess: Session, instructions: str = "",
               tools: tuple[dict[str, Any], ...] = ()) -> None:
@@ -188,12 +260,7 @@ class Thinker:
         Instructions (or tools) other than the context's latest system turn come in a system
         turn of their own just before the reply."""
         ids = self.ids
-        if sess.turn == "assistant":
-            self.close_reply(sess)
-        if sess.turn == "user":
-            self.close_audio(sess)
-            self.push_text(sess, [ids["im_end"], ids["newline"]], USER)
-            sess.turn = None
+        self.end_turn(sess)
         self._system_turn(sess, self._system_text(instructions, tools))
         self.push_text(sess, [ids["im_start"], ids["assistant"], ids["newline"]], PREFIX)
         sess.turn = "assistant"
@@ -202,7 +269,13 @@ class Thinker:
         sess.talker_done = False
         if sess.truncation.type != "disabled":
             sess.full = False
-        sess.cached = self.kv.length[sess.thinker_slot] if sess.thinker_slot is not None else 0
+        sess.kv_full = False
+
+    def admit_reply(self, sess: Session, audio: bool) -> None:
+        """Reserve the KV the reply begun may need; without room it ends with server_full."""
+        self._open_slot(sess)
+        if not self.memory.begin_reply(sess, audio):
+            sess.kv_full = True
 
     def restore_reply(self, sess: Session, turn: ReplyTurn) -> None:
         """Lay a heard reply into the context as `begin` and `decode` laid it when it was
@@ -220,30 +293,36 @@ class Thinker:
         return limit if post is None else min(limit, sess.keep + post)
 
     def _fits(self, sess: Session) -> bool:
-        """Make room for the session's pending positions as its truncation policy says; False
-        when it says not to (`disabled`): the pending input is refused."""
+        """Make room for the session's pending positions as its truncation policy says, within
+        its context limit and its share of the KV memory; False when there is none to make:
+        the pending input is refused (`full` past the limit or the share, `lost_input` when no
+        block can be freed for it)."""
         self._open_slot(sess)
         n = sum(p.embeds.shape[0] for p in sess.pending)
-        length, limit, keep = self.kv.length[sess.thinker_slot], self._limit(sess), sess.keep
-        if length + n <= limit:
-            return True
-        policy = sess.truncation
-        if policy.type == "disabled":
-            sess.pending, sess.full = [], True
-            return False
-        if n > limit - keep:
-            raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - keep} evictable")
-        if policy.type == "retention_ratio":
-            target = math.floor(policy.ratio * (limit - keep))
-        else:
-            target = limit - keep - limit // 4
-        drop = min(max(length + n - limit, length - keep - target), length - keep)
-        self.kv.evict(sess.thinker_slot, keep, drop)
-        sess.dropped += drop
-        return True
+        length, limit = self.kv.length[sess.thinker_slot], self._limit(sess)
+        room = min(limit, self.memory.share_positions(sess))
+        if length + n > room:
+            if sess.truncation.type == "disabled":
+                return self._refuse(sess, memory=False)
+            if n > limit - sess.keep:
+                raise ContextTooLong(f"{sess.sid}: {n} new positions, {limit - sess.keep} "
+                                     "evictable")
+            if not cut(self.kv, sess, room, n):
+                return self._refuse(sess, memory=False)
+        return self.memory.fits(sess, n) or self._refuse(sess, memory=True)
 
-    def forward(self, sessions: list[Session]) -> torch.Tensor:
-        """Every session's pending pieces forwarded -> each row's last hidden state.
+    @staticmethod
+    def _refuse(sess: Session, memory: bool) -> bool:
+        sess.pending = []
+        if memory:
+            sess.lost_input = True
+        else:
+            sess.full = True
+        return False
+
+    def forward(self, sessions: list[Session], step: bool = False) -> torch.Tensor:
+        """Every session's pending pieces forwarded -> each row's last hidden state. `step`:
+        the rows are a decode step's, one position each (`decode`).
 
         One forward, or two when sessions of the batch open with the same head that the cache
         does not hold yet: the first session computes it in the first forward, the others
@@ -257,14 +336,14 @@ class Thinker:
                 elif prefix not in self.prefix_cache:
                     computing.add(prefix)
         if not later:
-            return self._forward(sessions)
+            return self._forward(sessions, step)
         deferred = {id(sess) for sess in later}
         first = [sess for sess in sessions if id(sess) not in deferred]
-        rows = torch.cat([self._forward(first), self._forward(later)])
+        rows = torch.cat([self._forward(first, step), self._forward(later, step)])
         order = {id(sess): i for i, sess in enumerate(first + later)}
         return rows[torch.tensor([order[id(sess)] for sess in sessions], device=rows.device)]
 
-    def _forward(self, sessions: list[Session]) -> torch.Tensor:
+    def _forward(self, sessions: list[Session], step: bool = False) -> torch.Tensor:
         """One forward over every session's pending pieces -> each row's last hidden state."""
         heads = [sess for sess in sessions if self._open_head(sess)]
         pieces = [sess.pending for sess in sessions]
@@ -274,10 +353,11 @@ class Thinker:
         embeds = torch.nn.utils.rnn.pad_sequence(
             [torch.cat([p.embeds for p in row]) for row in pieces], batch_first=True
         )
-        positions = torch.zeros(3, batch, q, dtype=torch.long)
-        role = torch.zeros(batch, q, dtype=torch.long)
-        multimodal = torch.zeros(batch, q, dtype=torch.bool)
-        visual = torch.zeros(batch, q, dtype=torch.bool)
+        # What each position is, laid out on the host and sent over in one upload each.
+        positions = np.zeros((3, batch, q), dtype=np.int64)
+        role = np.zeros((batch, q), dtype=np.int8)
+        multimodal = np.zeros((batch, q), dtype=bool)
+        visual = np.zeros((batch, q), dtype=bool)
         deep: list[list[torch.Tensor]] = []
         for b, row in enumerate(pieces):
             at = 0
@@ -294,31 +374,54 @@ class Thinker:
                 at += n
             # Padding repeats the last position so rotary phases stay in range.
             positions[:, b, at:] = positions[:, b, at - 1 : at]
-        user_mm = multimodal & (role == USER)
-        capture = bool(user_mm.any())
-        accept = self.talker.accept_layer
-        kv = self.kv.bind([s.thinker_slot for s in sessions], [s.sid for s in sessions], new)
-        out = self.lm(
-            inputs_embeds=embeds,
-            attention_mask=kv.mask,
-            position_ids=positions.to(self.device),
-            cache=kv,
-            use_cache=True,
-            visual_pos_masks=visual.to(self.device) if deep else None,
-            deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
-            output_hidden_states=[accept] if capture else False,
-        )
-        kv.commit()
+        capture = bool((multimodal & (role == USER)).any())
+        slots, owners = [s.thinker_slot for s in sessions], [s.sid for s in sessions]
+        accepted = None
+        if step and self.graphs is not None and self.graphs.holds(batch) and q == 1 \
+                and not (capture or deep):
+            last = self._static_step(slots, owners, new, embeds, positions)
+        else:
+            accept = self.talker.accept_layer
+            kv = self.kv.bind(slots, owners, new)
+            out = self.lm(
+                inputs_embeds=embeds,
+                attention_mask=kv.mask,
+                position_ids=upload(positions, self.device),
+                **{compat.THINKER_CACHE: kv},
+                use_cache=True,
+                visual_pos_masks=upload(visual, self.device, torch.bool) if deep else None,
+                deepstack_visual_embeds=[torch.cat(layer) for layer in deep] if deep else None,
+                output_hidden_states=[accept] if capture else False,
+            )
+            kv.commit()
+            if step:
+                self.steps["eager"] += 1
+            accepted = out.hidden_states[accept] if capture else None
+            ends = upload([n - 1 for n in new], self.device)
+            last = out.last_hidden_state[torch.arange(batch, device=self.device), ends]
+        for sess in sessions:
+            self.memory.end_forward(sess)
         for sess in heads:
             prefix = (self.version, sess.head)
-            if self.prefix_cache.keep(prefix, self.kv.read(sess.thinker_slot, sess.keep)):
+            blocks = self.kv.hold(sess.thinker_slot, sess.keep)
+            if self.prefix_cache.keep(prefix, PrefixKV(self.kv, blocks, sess.keep)):
                 sess.prefix = prefix
         for sess in sessions:
             sess.pending, sess.head = [], ()
-        accepted = out.hidden_states[accept] if capture else None
-        self.talker.take_context(sessions, embeds, accepted, role, multimodal, user_mm)
-        last = torch.tensor(new, device=self.device) - 1
-        return out.last_hidden_state[torch.arange(batch, device=self.device), last]
+        self.talker.take_context(sessions, embeds, accepted, role, multimodal & (role == USER))
+        return last
+
+    def _static_step(self, slots: list[int], owners: list[str], new: list[int],
+                     embeds: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
+        """A decode step through the fixed buffers of the bucket holding its batch (replayed
+        as a CUDA graph where one was captured) -> each row's hidden state."""
+        batch = len(slots)
+        meta = self.kv.plan(slots, owners, new)
+        static = self.graphs.static(batch)
+        static.load(embeds, upload(positions, self.device), meta)
+        self.steps[self.graphs.run(batch)] += 1
+        self.kv.commit(slots, new)
+        return static.hidden[:batch].clone()
 
     def _open_slot(self, sess: Session) -> None:
         if sess.thinker_slot is None:
@@ -326,7 +429,7 @@ class Thinker:
 
     def _open_head(self, sess: Session) -> bool:
         """True when the session's head is still to be computed (and then kept in the prefix
-        cache); a head the cache holds is copied into the session's slot instead."""
+        cache); a head the cache holds starts the session's block table instead."""
         self._open_slot(sess)
         if not sess.head or sess.prefix is not None:
             return False
@@ -334,8 +437,8 @@ class Thinker:
         cached = self.prefix_cache.take(prefix)
         if cached is None:
             return True
-        self.kv.write(sess.thinker_slot, cached)
-        sess.prefix = prefix
+        self.kv.share(sess.thinker_slot, cached.blocks, cached.length)
+        sess.prefix, sess.cached = prefix, cached.length
         # The head is the first piece pushed (`_system_turn`), and never shares it.
         sess.pending.pop(0)
         return False
@@ -347,34 +450,45 @@ class Thinker:
             embed = self.module.get_input_embeddings()
             fed = [sess for sess in active if sess.last_token is not None]
             if fed:
-                ids = torch.tensor([sess.last_token for sess in fed], device=self.device)
-                embeds = embed(ids)
+                embeds = embed(upload([sess.last_token for sess in fed], self.device))
                 for i, sess in enumerate(fed):
                     self.push(sess, embeds[i : i + 1], OTHER)
-            for sess in [s for s in active if s.full or not self._fits(s)]:
+            for sess in [s for s in active if s.full or s.kv_full or s.lost_input
+                         or not self._fits(s)]:
                 sess.thinker_done = True
-                results[id(sess)] = ThinkerToken("", None, True, reason="context_length_exceeded")
+                memory = sess.kv_full or sess.lost_input
+                reason = "server_full" if memory else "context_length_exceeded"
+                results[id(sess)] = ThinkerToken("", None, True, reason=reason)
+                sess.lost_input = False
+                self.memory.end_text(sess)
             active = [s for s in active if id(s) not in results]
         if active:
             embed = self.module.get_input_embeddings()
-            last = self.forward(active)
+            # A reply's first step forwards the assistant prefix, the others one position:
+            # apart, no row is padded to the prefix; they meet again to sample.
+            steps = [s for s in active if sum(p.embeds.shape[0] for p in s.pending) == 1]
+            active = steps + [s for s in active if id(s) not in {id(t) for t in steps}]
+            groups = ((steps, True), (active[len(steps):], False))
+            last = torch.cat([self.forward(group, step) for group, step in groups if group])
             logits = self.module.lm_head(last).float()
             raw = logits.clone() if any(s.forcing for s in active) else logits
-            logits[:, self.suppress] = -math.inf
+            logits.masked_fill_(self.suppress, -math.inf)
             opts = self.options
-            for b, sess in enumerate(active):
-                if len(sess.token_ids) < opts.min_text_tokens:
-                    logits[b, self.eos_ids] = -math.inf
-                if sess.forcing is not None:
-                    self._constrain(logits, raw, b, sess)
+            no_eos = [len(s.token_ids) < opts.min_text_tokens for s in active]
+            if any(no_eos):
+                rows = upload(no_eos, self.device, torch.bool)
+                logits.masked_fill_(rows[:, None] & self.eos, -math.inf)
+            self._constrain(logits, raw, active)
             base = opts.thinker_sampling
             samplings = [base if s.temperature is None else replace(base, temperature=s.temperature)
                          for s in active]
             tokens = sample_rows(logits, samplings, [s.thinker_gen for s in active])
             conditioning = self.talker.conditioning(embed(tokens))
-            for b, (sess, tok) in enumerate(zip(active, tokens.tolist(), strict=True)):
+            for b, (sess, tok) in enumerate(zip(active, fetch(tokens).tolist(), strict=True)):
                 if sess.forcing is not None:
-                    sess.forcing.advance(tok, self.tokenizer.decode([tok]))
+                    sess.forcing.advance(tok)
+                    if sess.forcing.broken or sess.forcing.finished and not sess.forcing.ends_turn:
+                        sess.forcing = None
                 sess.last_token = tok
                 is_eos = tok in self.ids["eos"]
                 sess.token_ids.append(tok)
@@ -385,23 +499,22 @@ class Thinker:
                              "cached_tokens": sess.cached, "truncated_tokens": sess.dropped,
                              "truncation": sess.truncation.type}
                     sess.dropped = 0
-                results[id(sess)] = ThinkerToken(
-                    self._detokenize(sess), conditioning[b], sess.thinker_done, tok, usage
-                )
+                text = self._detokenize(sess)
+                self._watch_call(sess, text)
+                results[id(sess)] = ThinkerToken(text, conditioning[b], sess.thinker_done, tok,
+                                                 usage)
+        for sess in active:
+            if sess.thinker_done:
+                self.memory.end_text(sess)
         return [results.get(id(s), ThinkerToken("", None, True)) for s in sessions]
 
-    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor, b: int, sess: Session) -> None:
-        """Row `b` keeps only the tokens the reply's forced call allows, with the model's own
-        scores (so sampling still chooses among tool names), the suppressed ones included:
-        a forced token is the template's, even where free text may not write it."""
-        allowed = sess.forcing.allowed(sess.budget - len(sess.token_ids))
-        if allowed is None:
-            # Free arguments, but the turn does not end before the call does.
-            logits[b, self.eos_ids] = -math.inf
-            return
-        keep = torch.tensor(allowed, device=logits.device)
-        logits[b] = -math.inf
-        logits[b, keep] = raw[b, keep]
+    def _constrain(self, logits: torch.Tensor, raw: torch.Tensor,
+                   active: list[Session]) -> None:
+        """Rows writing a tool call keep only the tokens its grammar allows (`CallMasks`)."""
+        rows = [(b, sess.forcing, sess.budget - len(sess.token_ids))
+                for b, sess in enumerate(active) if sess.forcing is not None]
+        if rows:
+            self.masks.apply(logits, raw, rows)
 
     def _text_tokens(self, turn: TextTurn) -> list[int]:
         """A tool's output goes in the user turn inside the template's tool_response tags."""

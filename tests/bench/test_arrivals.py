@@ -60,7 +60,9 @@ def test_a_bench_run_serves_every_session_and_reports_its_arrivals(arrivals, tmp
     assert run["bytes_held_after_close"] == 0
     # A caller barges in on the reply to its own turn once it hears it: every reply cut was
     # talked over while heard, so each barge-in's pause is timed (a herd's second turn is one).
-    assert run["barge_in_ms"]["n"] == run["pause_ms"]["n"]
+    # A pause need not end in a cut: a reply that ends before the interruption is confirmed
+    # (a slow engine, a short echo) is paused and done, not cancelled.
+    assert run["barge_in_ms"]["n"] <= run["pause_ms"]["n"]
     assert run["pause_ms"]["n"] >= (1 if arrivals == "herd" else 0)
     # Each session heard at least one reply, and the report says how many it timed.
     assert run["ttfa_ms"]["p50"] is not None and run["ttfa_ms"]["n"] >= 3

@@ -189,6 +189,13 @@ def test_ceiling_is_the_frame_over_the_weighted_cost_per_session():
         "batch": 4, "per_frame": 0.5, "ms_per_call": 8.0, "ms_per_session_frame": 1.0,
     }
 
+    # Beside the engine's own calls: 300 ms of codec over 100 frames is 1.5x the ceiling's 2.
+    engine = {"codec": {"items": 100, "total_ms": 300.0}, "thinker": {"items": 50, "total_ms": 90.0}}
+    stages = ceiling.ceiling(loads, measured, engine)["ceiling_stages"]
+    assert stages["codec"]["engine_ms_per_session_frame"] == 3.0
+    assert stages["codec"]["engine_vs_ceiling"] == 1.5
+    assert stages["thinker"]["engine_vs_ceiling"] == 0.9
+
 
 def _stub_summary(stages):
     return {name: {"mean_batch": b, "items": items} for name, (b, items) in stages.items()}

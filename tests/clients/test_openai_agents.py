@@ -11,11 +11,13 @@ with the `error` events the server sent.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 
 import pydantic
 import pytest
-from agents import function_tool, set_tracing_disabled
+from agents import HostedMCPTool, function_tool, set_tracing_disabled
 from agents.realtime import (
     RealtimeAgent,
     RealtimeModelListener,
@@ -179,4 +181,39 @@ async def test_openai_agents_sdk_realtime_session(duplex_server, kit):
         ("text+tool", text_and_tool),
         ("text-only", kit.text_reply_to_speech),
     ])
+    assert not problems, kit.report(problems)
+
+
+async def hosted_mcp(c: Client, problems: list[str], url: str) -> None:
+    """A HostedMCPTool as the SDK builds it, its tool_config sent unchanged in a session.update
+    (the SDK validates it on the way out, and every event the server sends back on the way in)
+    with a tool choice naming its tool: the server lists the MCP server and runs the call."""
+    tool = HostedMCPTool(tool_config={
+        "type": "mcp", "server_label": "calc", "server_url": url,
+        "headers": {"Authorization": "Bearer agents-s3cret"}, "allowed_tools": ["add"],
+        "require_approval": "never"})
+    await c.session.model.send_event(RealtimeModelSendRawMessage(message={
+        "type": "session.update", "other_data": {"session": {
+            "type": "realtime", "tools": [tool.tool_config],
+            "tool_choice": {"type": "mcp", "server_label": "calc", "name": "add"}}}}))
+    await c.kit.wait_until(lambda: c.wire.count("mcp_list_tools.completed") >= 1, 20,
+                           "mcp_list_tools.completed", c.wire)
+    # The echo model says back a call it is told; tiny-omni is made to write one.
+    call = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    await c.session.send_message(f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+                                 if c.model_kind == "echo" else "What is two and three?")
+    await c.done(2, 60)
+    calls = [i for r in c.wire.responses_done() for i in r["output"] if i["type"] == "mcp_call"]
+    if not calls:
+        problems.append("hosted MCP: no mcp_call in the replies")
+    elif calls[0]["error"] or calls[0]["output"] != str(sum(json.loads(
+            calls[0]["arguments"]).values())):
+        problems.append(f"hosted MCP: the call came back {calls[0]}")
+
+
+@pytest.mark.timeout(150)
+async def test_openai_agents_sdk_hosted_mcp_tool(duplex_server, kit, mcp_servers):
+    problems = await kit.run_sessions(
+        duplex_server, lambda **kw: Client(kit, duplex_server, **kw),
+        [("hosted MCP", functools.partial(hosted_mcp, url=mcp_servers.http_url))])
     assert not problems, kit.report(problems)

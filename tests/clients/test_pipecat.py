@@ -81,7 +81,9 @@ class Client:
                 session_properties=events.SessionProperties(
                     output_modalities=["text"] if text_only else None,
                     audio=events.AudioConfiguration(
-                        input=events.AudioInput(turn_detection=events.TurnDetection()),
+                        # Input transcription at Pipecat's defaults (gpt-realtime-whisper).
+                        input=events.AudioInput(turn_detection=events.TurnDetection(),
+                                                transcription=events.InputAudioTranscription()),
                         output=events.AudioOutput(voice="alloy"),
                     ),
                     tools=ToolsSchema(standard_tools=[WEATHER]),
@@ -172,6 +174,19 @@ class Client:
         return out
 
 
+async def transcribed_turns(c: Client, problems: list[str]) -> None:
+    """The spoken turns, each user turn transcribed with the model Pipecat asks for."""
+    await c.kit.voice_turns(c, problems)
+    problems += c.kit.session_config_problems(c.wire, tools=["get_weather"], voice="alloy",
+                                              transcription=True)
+    committed = [e["item_id"] for e in c.wire.of("input_audio_buffer.committed")]
+    await c.kit.wait_until(lambda: len(c.wire.of(
+        "conversation.item.input_audio_transcription.completed")) >= len(committed), 30,
+        "a transcript of every committed turn", c.wire)
+    if c.wire.of("conversation.item.input_audio_transcription.failed"):
+        problems.append("a user turn's transcription failed")
+
+
 async def text_and_tool(c: Client, problems: list[str]) -> None:
     problems += c.kit.session_config_problems(c.wire, tools=["get_weather"], voice="alloy")
 
@@ -211,13 +226,13 @@ async def text_and_tool(c: Client, problems: list[str]) -> None:
         problems.append(f"tool output: the reply ended {tool_reply['status']}")
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(210)
 async def test_pipecat_openai_realtime_service(duplex_server, kit, monkeypatch):
     def client(**kw) -> Client:
         return Client(kit, duplex_server, monkeypatch, **kw)
 
     problems = await kit.run_sessions(duplex_server, client, [
-        ("voice", kit.voice_turns),
+        ("voice", transcribed_turns),
         ("text+tool", text_and_tool),
         ("text-only", kit.text_reply_to_speech),
     ])

@@ -15,6 +15,9 @@ def test_video_and_audio_of_two_sessions_share_forwards_and_get_replies(tiny_omn
     # A long encoder wait keeps the test independent of how fast this thread pushes.
     scheduler = SchedulerConfig(encode_wait_s=0.5, output_rate=model.output_rate)
     engine = Engine(model, EngineConfig(max_sessions=4, scheduler=scheduler))
+    # Checked before serving: both MoE parts on grouped_mm, nothing slow to warn of.
+    assert engine.model.startup == {
+        "experts": {"talker": "grouped_mm", "thinker": "grouped_mm"}, "warnings": []}
     engine.start()
     try:
         done = {sid: threading.Event() for sid in "ab"}

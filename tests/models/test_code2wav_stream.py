@@ -107,7 +107,7 @@ def test_reset_one_slot_leaves_the_other(module):
     second = random_codes(module, 2, 7, seed=5)
     state = stream.new_state(2)
     head = stream_chunks(stream, first, state, [1] * 6)
-    state.reset(torch.tensor([False, True]))
+    state.reset([1])
     assert state.frames.tolist() == [6, 0]
     # Slot 0 continues at frame 6 while slot 1 restarts at 0, in the same calls.
     tail = stream_chunks(stream, second, state, [2, 1, 4])
@@ -129,9 +129,8 @@ def test_slot_subsets_and_per_session_states(module):
     span = stream.frame_samples
     for t, calls in enumerate(schedule):
         for order in calls:
-            slots = torch.tensor(order)
-            out = stream.decode(codes[slots, :, t : t + 1], pool, slots=slots)
-            pcm[slots, t * span : (t + 1) * span] = out
+            out = stream.decode(codes[order, :, t : t + 1], pool, slots=order)
+            pcm[order, t * span : (t + 1) * span] = out
     assert_close(pcm, expected)
     assert pool.frames.tolist() == [5, 5, 5]
 

@@ -1,7 +1,7 @@
 """A one-hour call in accelerated time: the tiny Qwen3-Omni driven directly, stage by stage, with
 an hour of user audio (20 s turns, each answered) and no wall clock. Under every `truncation`
-policy but `disabled` the bytes it holds stay bounded and every turn is answered; `disabled`
-refuses what does not fit and says so in the reply's finish reason."""
+policy but `disabled` the bytes and KV blocks it holds stay bounded and every turn is answered;
+`disabled` refuses what does not fit and says so in the reply's finish reason."""
 
 import numpy as np
 import pytest
@@ -64,19 +64,23 @@ def test_a_long_call_keeps_bounded_bytes_and_keeps_answering(adapter, second, tr
                                                              seconds):
     st = adapter.new_state(f"long-{truncation.type}")
     limit, held, dropped, turns = OPTIONS.max_context, [], 0, seconds // TURN_S
+    pool, blocks = adapter._pools.thinker, []
     for _ in range(turns):
         tokens, usage, reason = turn(adapter, st, second, truncation)
         assert tokens and reason is None
         assert usage["input_tokens"] <= limit and usage["truncation"] == truncation.type
         dropped += usage["truncated_tokens"]
         held.append(adapter.bytes_held(st))
+        blocks.append(pool.blocks_used)
     sess = adapter._session(st)
     # 13 positions per second of audio: the call went through a context that holds a small
     # part of it.
     assert sess.next_pos > 13 * seconds > 10 * limit
     assert dropped > 13 * seconds - limit
-    # Bounded: once the context first filled the bytes held never grew again.
+    # Bounded: once the context first filled the bytes and KV blocks held never grew again,
+    # and the blocks are those of a full context, a block more at most (a partly filled one).
     assert max(held) == max(held[:10])
+    assert max(blocks) == max(blocks[:10]) <= pool.blocks_for(limit) + 1
     if truncation.type == "retention_ratio":
         # Each truncation leaves half the post-instruction room in use, then the new turn.
         length = adapter._pools.thinker.length[sess.thinker_slot]

@@ -5,8 +5,6 @@ never share their own KV."""
 from __future__ import annotations
 
 import copy
-import gc
-import weakref
 
 import pytest
 import torch
@@ -89,6 +87,23 @@ def test_a_shared_prefix_replies_as_an_unshared_prefill_and_costs_no_prefill(mak
     assert unshared.prefix_cache.stats().entries == 0
 
 
+def test_cached_tokens_are_those_served_from_the_prefix_cache(make):
+    ad = make(PrefixCache(64 << 20))
+    keep = head_length(ad, PROMPT)
+
+    def cached(sid: str) -> int:
+        st = ad.new_state(sid)
+        ad.instruct(st, PROMPT, ())
+        ad.thinker_prefill([st], [TextTurn("when is the next train")])
+        ad.begin_response(st, GREEDY)
+        usage = ad.thinker_decode([st])[0].usage
+        ad.free(st)
+        return usage["cached_tokens"]
+
+    # The first session computes its head (nothing was served), the next takes it.
+    assert [cached("first"), cached("second")] == [0, keep]
+
+
 def test_sessions_in_one_batch_with_alike_and_other_prompts(make):
     other = "Speak like a station announcer."
     prompts = [PROMPT, other, PROMPT]
@@ -110,37 +125,50 @@ def test_sessions_in_one_batch_with_alike_and_other_prompts(make):
     assert [ad.prefix_cache.refs(k) for k in keys] == [0, 0]
 
 
+def entry_keys(cached) -> torch.Tensor:
+    """The keys of every layer at a cache entry's positions, as its pool holds them now."""
+    pool = cached.pool
+    at = torch.cat([torch.arange(b * pool.block_size, (b + 1) * pool.block_size)
+                    for b in cached.blocks])[: cached.length]
+    return pool.keys[:, :, at].clone()
+
+
 def test_eviction_frees_bytes_and_an_entry_in_use_is_kept(make):
     first, second = "A" * 600, "B" * 600
     probe = make(PrefixCache(0))
     kv = probe._pools.thinker
-    entry_bytes = head_length(probe, first) * 2 * kv.layers * kv.heads * kv.head_dim * 4
+    entry_bytes = kv.blocks_for(head_length(probe, first)) * kv.block_bytes
     ad = make(PrefixCache(entry_bytes))
-    cache = ad.prefix_cache
+    cache, pool = ad.prefix_cache, ad._pools.thinker
     expected_second, _, _ = reply(probe, ["p"], [second])
 
     _, _, [holder] = reply(ad, ["holder"], [first], free=False)
     held_key = ad._session(holder).prefix
     cached = cache.take(held_key)
     cache.release(held_key)
-    snapshot = [t.clone() for t in cached.keys]
+    snapshot = entry_keys(cached)
+    # The holder wrote past its head into the head's last block: it copied that block first.
+    holder_row = pool.rows[ad._session(holder).thinker_slot]
+    assert holder_row[: len(cached.blocks) - 1] == list(cached.blocks[:-1])
+    assert holder_row[len(cached.blocks) - 1] != cached.blocks[-1]
     # No room for a second entry while the first is in use: it is not evicted, the newcomer
     # is not kept, and still replies as it should.
     got, _, _ = reply(ad, ["newcomer"], [second])
     assert got == expected_second
     stats = cache.stats()
     assert (stats.refused, stats.evictions, stats.entries, stats.bytes) == (1, 0, 1, entry_bytes)
-    assert all(torch.equal(a, b) for a, b in zip(snapshot, cached.keys, strict=True))
+    assert torch.equal(entry_keys(cached), snapshot)
 
     ad.free(holder)
     assert ad.bytes_held(holder) == 0 and cache.stats().bytes == entry_bytes
-    freed = weakref.ref(cached.keys[0])
-    del cached
+    # The entry alone holds its blocks now, and gives them back to the pool when evicted.
+    assert all(pool.refs[b] == 1 for b in cached.blocks)
+    used = pool.blocks_used
     reply(ad, ["later"], [second])
-    gc.collect()
     stats = cache.stats()
     assert (stats.evictions, stats.entries, stats.bytes) == (1, 1, entry_bytes)
-    assert held_key not in cache and freed() is None
+    assert held_key not in cache
+    assert pool.blocks_used == used - len(cached.blocks) + kv.blocks_for(head_length(ad, second))
 
 
 def test_another_model_version_never_gets_this_ones_prefix(make, loaded):

@@ -94,6 +94,11 @@ SCRIPTS = {
 }
 
 
+def slot_keys(pool, layer: int, slot: int, n: int) -> torch.Tensor:
+    """The keys of a slot's first `n` positions in one layer, (kv_heads, n, head_dim)."""
+    return pool.keys[layer][:, torch.from_numpy(pool.addresses(slot, 0, n))]
+
+
 def test_tiny_checkpoint_round_trips(checkpoint, loaded, make):
     assert Qwen3OmniAdapter.from_pretrained(checkpoint).options.min_frames > 1
     fresh = tiny_model()
@@ -187,9 +192,9 @@ def test_chunked_thinker_equals_one_pass(make):
     fed, lasts = [], []
     forward = ad._thinker.forward
 
-    def record(sessions):
+    def record(sessions, step=False):
         fed.extend(sessions[0].pending)
-        lasts.append(forward(sessions))
+        lasts.append(forward(sessions, step))
         return lasts[-1]
 
     ad._thinker.forward = record
@@ -200,7 +205,7 @@ def test_chunked_thinker_equals_one_pass(make):
     assert len(lasts) == len(SCRIPTS["b"]) + 1
 
     embeds = torch.cat([p.embeds for p in fed])[None]
-    positions = torch.cat([p.positions for p in fed], dim=1)[:, None]
+    positions = torch.from_numpy(np.concatenate([p.positions for p in fed], axis=1))[:, None]
     visual = torch.cat([torch.full((p.embeds.shape[0],), p.deepstack is not None) for p in fed])
     deep = [
         torch.cat(layer) for layer in zip(*(p.deepstack for p in fed if p.deepstack), strict=True)
@@ -219,7 +224,7 @@ def test_chunked_thinker_equals_one_pass(make):
     slot, n = ad._session(st).thinker_slot, embeds.shape[1]
     for layer in range(ad._thinker.lm.config.num_hidden_layers):
         torch.testing.assert_close(
-            ad._pools.thinker.keys[layer][slot, :, :n],
+            slot_keys(ad._pools.thinker, layer, slot, n),
             cache.layers[layer].keys[0],
             atol=1e-5,
             rtol=1e-5,
@@ -240,7 +245,7 @@ def test_bytes_held_returns_to_zero(make):
     assert ad.bytes_held(states[1]) > 0
     ad.free(states[1])
     assert ad.bytes_held(states[1]) == 0
-    assert ad._pools.thinker.nbytes == 0 and ad._pools.talker.nbytes == 0
+    assert ad._pools.thinker.blocks_used == 0 and ad._pools.talker.blocks_used == 0
 
 
 def test_reused_slot_starts_clean_and_checks_its_owner(make):
@@ -250,13 +255,16 @@ def test_reused_slot_starts_clean_and_checks_its_owner(make):
     respond(ad, [old, keeper], 4)
     stale = old.slots[STATE_KEY]
     slot = stale.thinker_slot
+    pool = ad._pools.thinker
+    old_blocks = set(pool.rows[slot])
     ad.free(old)
-    # The row still holds the old session's keys; the new owner must never see them.
-    assert ad._pools.thinker.keys[0][slot].abs().sum() > 0
+    # The blocks still hold the old session's keys; the new owner must never see them.
+    assert all(pool.keys[0][:, b * pool.block_size].abs().sum() > 0 for b in old_blocks)
 
     new = ad.new_state("new")
     user_turn(ad, [new, keeper], [SCRIPTS["a"], ["go on"]])
     assert ad._session(new).thinker_slot == slot
+    assert old_blocks & set(pool.rows[slot])
     # Batched with the longer keeper, the new row's reads reach past its own length.
     reused = respond(ad, [new, keeper], 12)
 
@@ -282,7 +290,7 @@ def test_long_session_slides_its_context(make):
     user_turn(ad, [st], [["x" * 20] * 12])
     length = ad._pools.thinker.length[sess.thinker_slot]
     assert length <= 64 and sess.next_pos > 200
-    keep = ad._pools.thinker.keys[0][sess.thinker_slot, :, : sess.keep].clone()
+    keep = slot_keys(ad._pools.thinker, 0, sess.thinker_slot, sess.keep)
     user_turn(ad, [st], [["y" * 30] * 3])
-    torch.testing.assert_close(ad._pools.thinker.keys[0][sess.thinker_slot, :, : sess.keep], keep)
+    torch.testing.assert_close(slot_keys(ad._pools.thinker, 0, sess.thinker_slot, sess.keep), keep)
     assert respond(ad, [st], 3)[0]["long"]

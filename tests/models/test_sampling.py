@@ -65,3 +65,15 @@ def test_rows_with_their_own_temperature_share_calls_by_sampling():
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
     samplings = [Sampling(0.0), Sampling(0.0), Sampling(1e-3)]
     assert sample_rows(logits, samplings, [Stream(0), Stream(1), Stream(2)]).tolist() == [1, 0, 2]
+
+
+def test_greedy_rows_beside_sampled_ones_take_the_best_token_and_keep_their_stream():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(5))
+    streams = [Stream(s) for s in range(4)]
+    samplings = [Sampling(0.0), Sampling(0.9, 20), Sampling(0.0), Sampling(0.7, 20)]
+    ids = sample_rows(logits, samplings, streams)
+    assert ids[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
+    assert [s.drawn for s in streams] == [0, 1, 0, 1]
+    # Each sampled row drew what it draws alone, at its own temperature.
+    alone = [sample(logits[i : i + 1], samplings[i], [Stream(i)]).item() for i in (1, 3)]
+    assert ids[[1, 3]].tolist() == alone

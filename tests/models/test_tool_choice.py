@@ -1,11 +1,14 @@
 """`tool_choice` "required" and a named function make the Qwen3-Omni reply a call (constrained
-decoding, per row of the batch); "auto" replies as it did. The reply's text is read by the
-engine's own Thinker-output parser, as a served reply is."""
+decoding, per row of the batch) whose arguments follow the tool's schema, as does a call the
+model opens itself; "auto" replies as it did. The reply's text is read by the engine's own
+Thinker-output parser, as a served reply is."""
 
 from __future__ import annotations
 
 import json
 
+import jsonschema
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,8 +17,10 @@ from duplex.engine.thinker_text import CallDone, Speech, ThinkerText
 from models.base import TextTurn
 from models.echo import EchoModel
 from models.qwen3_omni.adapter import Qwen3OmniAdapter
+from models.qwen3_omni.options import Qwen3OmniOptions
+from models.qwen3_omni.tiny import load_options
 from models.reply import ReplySpec
-from models.tool_forcing import CallForcing, forced_names
+from models.tool_forcing import OPEN, CallForcing, forced_names
 
 TOOLS = tuple({"type": "function", "name": name, "parameters": {"type": "object"}}
               for name in ("get_weather", "get_time"))
@@ -82,15 +87,13 @@ def test_auto_replies_as_without_tool_choice_and_is_no_call(adapter):
 
 @pytest.mark.parametrize("slack", [0, 3])
 def test_a_call_closes_within_the_replys_token_limit(adapter, slack):
-    """With room for no argument at all the call is `{}`; with a little, what the tiny model
-    wrote (random bytes, not JSON: reported raw) is closed in time."""
+    """With room for no argument at all, or a little, the call is still whole: `{}`."""
     limit = adapter._thinker.forcing(NAMED, TOOLS).overhead + slack
     [ids] = replies(adapter, [spec(NAMED, max_output_tokens=limit)])
     assert len(ids) <= limit and ids[-1] in adapter._thinker.ids["eos"]
     [call] = parsed(adapter, ids)
-    assert call.name == "get_weather"
-    if not slack:
-        assert call.valid and json.loads(call.arguments) == {}
+    assert call.name == "get_weather" and call.valid
+    assert json.loads(call.arguments) == {}
 
 
 def test_rows_with_mixed_tool_choices_decode_each_as_if_alone(adapter):
@@ -109,61 +112,139 @@ def test_only_required_and_a_named_function_force_a_call():
     assert forced_names(NAMED, TOOLS) == ("get_weather",)
 
 
-def _chars(text: str) -> list[int]:
-    """A tokenizer of one token per character (ids are code points)."""
-    return [ord(c) for c in text]
+TOOL = "act"
+SCHEMAS = {
+    "no parameters": None,
+    "required strings, ints and enums": {
+        "type": "object", "required": ["city", "days", "unit"],
+        "properties": {"city": {"type": "string"},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                       "unit": {"enum": ["celsius", "fahrenheit"]}}},
+    "nested objects": {
+        "type": "object", "required": ["trip"],
+        "properties": {
+            "trip": {"type": "object", "required": ["from", "stops"], "properties": {
+                "from": {"type": "string", "maxLength": 12},
+                "stops": {"type": "array", "items": {
+                    "type": "object", "required": ["at"],
+                    "properties": {"at": {"type": "string"}, "nights": {"type": "integer"}}}}}},
+            "rush": {"type": "boolean"}}},
+}
 
 
-EOS = -2
-FREE = st.lists(st.sampled_from(['{', '}', '[', ']', '"', '\\', ':', ',', 'a', ' ', '}}',
-                                 '"}', '}\n</tool_call>', 'x"}}\n', '</tool_call> ok', '[{"']), max_size=30)
+def tool_of(parameters) -> dict:
+    tool = {"type": "function", "name": TOOL}
+    return tool if parameters is None else {**tool, "parameters": parameters}
 
 
-@settings(max_examples=300, deadline=None)
-@given(FREE, st.integers(0, 60), st.data())
-def test_whatever_the_model_writes_the_reply_is_one_call_to_an_allowed_name(free, slack, data):
-    """A model that writes any text where it is free, and any allowed token where it is not,
-    ends with one call of an allowed name, then the end of turn, within the budget."""
-    names = ("get_weather", "get_time")
-    forcing = CallForcing(names, _chars, EOS)
-    budget = forcing.overhead + slack
-    written: list[str] = []
-    free = list(free)
-    while len(written) < budget:
-        allowed = forcing.allowed(budget - len(written))
-        if allowed is None:
-            text = free.pop(0) if free else "a"
-            token = -1
-        else:
-            token = data.draw(st.sampled_from(sorted(allowed)))
-            text = "" if token == EOS else chr(token)
-        forcing.advance(token, text)
-        written.append(text)
-        if token == EOS:
-            break
-    assert written[-1] == "" and forcing.phase == "done"
+def valid_call(ad: Qwen3OmniAdapter, ids: list[int], parameters, opened: bool = False) -> dict:
+    """The call the reply wrote, its arguments checked against the tool's schema."""
+    text = ad.tokenizer.decode(ids, skip_special_tokens=True)
+    calls = [p for p in parsed_text(OPEN + text if opened else text)
+             if isinstance(p, CallDone)]
+    assert len(calls) == 1 and calls[0].valid, f"not one call: {text!r}"
+    arguments = json.loads(calls[0].arguments)
+    jsonschema.validate(arguments, parameters or {"type": "object"})
+    return arguments
+
+
+def parsed_text(text: str) -> list:
     parser = ThinkerText()
-    pieces = parser.feed("".join(written)) + parser.finish()
-    calls = [p for p in pieces if isinstance(p, CallDone)]
-    assert len(calls) == 1 and calls[0].name in names
-    assert not isinstance(pieces[0], Speech), "the reply opens with the call"
+    return parser.feed(text) + parser.finish()
 
 
-def test_a_token_that_closes_the_arguments_and_the_call_is_not_closed_again():
-    forcing = CallForcing(("f",), _chars, EOS)
-    while forcing.phase == "head":
-        forcing.advance(forcing.allowed(99)[0], "")
-    forcing.advance(-1, '"a": "}"')
-    assert forcing.allowed(99) is None, "a brace inside a string closes nothing"
-    forcing.advance(-1, "}}\n")
-    assert [chr(t) for t in iter_forced(forcing)] == list("</tool_call>")
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_a_forced_calls_arguments_follow_its_tools_schema(adapter, schema):
+    """Greedy and sampled rows of one batch, with room to write and with just the room the
+    call needs: on random weights every call parses and validates."""
+    tools = (tool_of(SCHEMAS[schema]),)
+    choice = {"type": "function", "name": TOOL}
+    tight = adapter._thinker.forcing(choice, tools).overhead + 2
+    specs = [ReplySpec(temperature=t, tools=tools, tool_choice=choice, max_output_tokens=limit)
+             for t in (0.0, 1.0) for limit in (None, tight)]
+    for ids, spec in zip(replies(adapter, specs), specs, strict=True):
+        assert ids[-1] in adapter._thinker.ids["eos"]
+        assert spec.max_output_tokens is None or len(ids) <= spec.max_output_tokens
+        valid_call(adapter, ids, SCHEMAS[schema])
 
 
-def iter_forced(forcing: CallForcing):
-    while (allowed := forcing.allowed(99)) != [EOS]:
-        [token] = allowed
-        forcing.advance(token, chr(token))
-        yield token
+@pytest.fixture(scope="module")
+def roomy(tiny_omni_dir):
+    """The tiny model with replies long enough for a call it opens itself."""
+    options = Qwen3OmniOptions(**{**load_options(tiny_omni_dir), "max_text_tokens": 160})
+    return Qwen3OmniAdapter.from_pretrained(tiny_omni_dir, options=options)
+
+
+def test_a_call_the_model_opens_itself_follows_the_schema_and_the_reply_goes_on(roomy):
+    parameters = SCHEMAS["required strings, ints and enums"]
+    state = roomy.new_state("opens")
+    roomy.thinker_prefill([state], [TextTurn("what is the weather like")])
+    roomy.begin_response(state, ReplySpec(temperature=1.0, tools=(tool_of(parameters),)))
+    sess = roomy._session(state)
+    # The random model would never write the tag itself; here it just has.
+    roomy._thinker._watch_call(sess, "Let me look. " + OPEN)
+    assert sess.forcing is not None
+    ids = []
+    while not (token := roomy.thinker_decode([state])[0]).finished:
+        ids.append(token.token_id)
+        if sess.forcing is None:
+            break
+    assert sess.forcing is None, "the call closed and the reply is free again"
+    valid_call(roomy, ids, parameters, opened=True)
+    roomy.free(state)
+
+
+KEYS = st.sampled_from(["a", "city", "n", "long_key_name", "x y"])
+LEAVES = st.one_of(
+    st.just({"type": "string"}),
+    st.integers(0, 4).map(lambda n: {"type": "string", "maxLength": n}),
+    st.just({"type": "integer"}),
+    st.integers(-20, 20).map(lambda lo: {"type": "integer", "minimum": lo}),
+    st.just({"type": "number"}),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.lists(st.sampled_from(["red", "green", "x y", 'q"q', "ü"]), min_size=1, max_size=3,
+             unique=True).map(lambda values: {"enum": values}),
+)
+
+
+def _objects(children) -> st.SearchStrategy:
+    return st.dictionaries(KEYS, children, max_size=4).flatmap(
+        lambda props: st.sets(st.sampled_from(sorted(props) or ["_"])).map(
+            lambda required: {"type": "object", "properties": props,
+                              "required": sorted(required & set(props))}))
+
+
+SCHEMA_TREES = _objects(st.recursive(LEAVES, lambda children: st.one_of(
+    st.tuples(children, st.integers(0, 2)).map(
+        lambda t: {"type": "array", "items": t[0], "minItems": t[1]}),
+    _objects(children)), max_leaves=6))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(SCHEMA_TREES, min_size=1, max_size=3), st.integers(0, 40), st.randoms())
+def test_whatever_the_model_picks_a_forced_call_validates_within_its_budget(adapter, schemas,
+                                                                           slack, rng):
+    """A model that picks any token the grammar allows, for random schemas and budgets,
+    writes one call of an allowed name whose arguments validate, then the end of its turn,
+    within the budget."""
+    vocab = adapter._thinker.vocabulary()
+    tools = [{"name": f"tool{i}", "parameters": schema} for i, schema in enumerate(schemas)]
+    forcing = CallForcing(vocab, tools, [t["name"] for t in tools])
+    budget = forcing.overhead + slack
+    row = np.zeros(vocab.words, np.int32)
+    written: list[int] = []
+    while len(written) < budget and vocab.eos not in written:
+        forcing.fill(row, budget - len(written))
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
+        token = int(rng.choice(allowed))
+        forcing.advance(token)
+        written.append(token)
+    assert written[-1] == vocab.eos
+    text = vocab.tokenizer.decode_str(written[:-1])
+    [call] = [p for p in parsed_text(text) if isinstance(p, CallDone)]
+    assert call.valid and text.startswith(OPEN)
+    jsonschema.validate(json.loads(call.arguments), schemas[int(call.name[4:])])
 
 
 def test_the_echo_oracle_replies_with_its_input_whatever_the_tool_choice():

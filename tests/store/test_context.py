@@ -39,7 +39,7 @@ def generate(p, record, frames, first_id=100, place=0):
                                "audio": base64.b64encode(audio).decode()}))
     p.receive_text('{"type": "response.create"}')
     r = p.response
-    record.reply(r.core_id, r.epoch, "be brief", ())
+    record.reply(r.core_id, r.epoch, "be brief", (), p.clock.tempo.speed)
     for i in range(frames):
         record.tokens(r.epoch, (first_id + i,), i * FRAME, place + i)
         p.on_engine_audio(r.epoch, np.zeros(FRAME, np.float32), f"w{i} ")
@@ -75,6 +75,18 @@ def test_generated_but_unheard_tokens_stay_out_of_the_saved_context():
     # 0.5 s played of 80 ms frames: frames 0..6 had started; the other 18 were generated only.
     [reply] = saved_reply(record, p, now)
     assert reply == list(range(100, 107))
+    assert len(p.snapshot(now)[0][-1]["transcript"].split()) == len(reply)
+
+
+def test_a_faster_reply_keeps_what_was_heard_in_the_listeners_time():
+    p, record = protocol(), ContextRecord(16000, RATE, RATE, 1 << 20)
+    p.receive_text(json.dumps({"type": "session.update", "session": {
+        "audio": {"output": {"speed": 1.5}}}}))
+    generate(p, record, frames=25)
+    now = play(p, 0.5)
+    # 0.5 s heard at speed 1.5 is 0.75 s of the reply: frames 0..9 had started.
+    [reply] = saved_reply(record, p, now)
+    assert reply == list(range(100, 110))
     assert len(p.snapshot(now)[0][-1]["transcript"].split()) == len(reply)
 
 

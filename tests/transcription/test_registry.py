@@ -21,7 +21,7 @@ class Named(Recognizer):
     def _load(self) -> None:
         pass
 
-    def _recognize(self, pcms):
+    def _recognize(self, pcms, hints):
         return [self.name for _ in pcms]
 
 

@@ -33,7 +33,7 @@ class Counting(Recognizer):
     def _load(self) -> None:
         pass
 
-    def _recognize(self, pcms):
+    def _recognize(self, pcms, hints):
         self.batches.append(len(pcms))
         self.entered.set()
         assert self.release.wait(10)
@@ -44,7 +44,7 @@ class Failing(Recognizer):
     def _load(self) -> None:
         pass
 
-    def _recognize(self, pcms):
+    def _recognize(self, pcms, hints):
         raise RuntimeError("the model fell over")
 
 

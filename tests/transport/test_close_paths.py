@@ -231,7 +231,9 @@ class TwilioCall:
 
 
 async def twilio_reply_streaming(call: TwilioCall) -> None:
-    await call.say(np.concatenate([babble(8000, rate=8000, seed=7), np.zeros(8000)]))
+    # Synthetic speech tells the end-of-turn model nothing: the turn ends at semantic_vad's
+    # longest wait (4 s), which the silence outlasts.
+    await call.say(np.concatenate([babble(8000, rate=8000, seed=7), np.zeros(5 * 8000)]))
     await until(call.ws, "media", key="event")
 
 

@@ -245,9 +245,12 @@ def test_beta_session_updated_echoes_its_own_spellings():
 
 
 @pytest.mark.parametrize("session, param", [
-    ({"tools": [{"type": "mcp", "name": "x"}]}, "session.tools.0.type"),
+    ({"tools": [{"type": "computer", "name": "x"}]}, "session.tools.0"),
+    ({"tools": [{"type": "mcp", "name": "x"}]}, "session.tools.0.server_label"),
     ({"tools": [{"type": "function", "name": "has space"}]}, "session.tools.0.name"),
     ({"tool_choice": "sometimes"}, "session.tool_choice"),
+    ({"tool_choice": {"type": "mcp", "server_label": "missing"}},
+     "session.tool_choice.server_label"),
     ({"tool_choice": {"type": "function", "name": "missing"}}, "session.tool_choice.name"),
     ({"max_output_tokens": 0}, "session.max_output_tokens"),
     ({"max_output_tokens": 5000}, "session.max_output_tokens"),
@@ -352,9 +355,11 @@ def test_a_users_transcript_comes_back_after_a_resume():
     assert retrieved["item"]["content"][0]["transcript"] == "hello there"
 
 
-def test_an_unknown_transcription_model_is_named_with_the_choices():
+def test_any_transcription_model_name_is_taken_and_echoed():
+    """No client's choice of name fails its session: one the server does not know selects
+    its configured recogniser, and the session says what the client asked for."""
     p = make()
-    err = error_of(send(p, type="session.update", session={"audio": {"input": {
+    [updated] = sent(send(p, type="session.update", session={"audio": {"input": {
         "transcription": {"model": "/etc"}}}}))
-    assert err["param"] == "session.audio.input.transcription.model"
-    assert "available: whisper-1, gpt-4o-transcribe" in err["message"]
+    assert updated["type"] == "session.updated"
+    assert updated["session"]["audio"]["input"]["transcription"]["model"] == "/etc"

@@ -79,17 +79,25 @@ class Caller:
 
         self.tasks.append(asyncio.create_task(read()))
 
-    async def connect(self, base_url: str, query: str = "") -> httpx.Response:
+    async def connect(self, base_url: str, key: str | None = None,
+                      query: str = "") -> httpx.Response:
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"Content-Type": "application/sdp"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
         async with httpx.AsyncClient() as client:
             answer = await client.post(
                 f"{base_url}/v1/realtime/calls{query}",
                 content=self.pc.localDescription.sdp,
-                headers={"Content-Type": "application/sdp"},
+                headers=headers,
             )
         assert answer.status_code == 201, answer.text
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
         return answer
+
+    def send(self, event: dict) -> None:
+        """A client event on the data channel."""
+        self.channel.send(json.dumps(event))
 
     def types(self):
         return [e["type"] for _, e in self.events]
@@ -137,7 +145,7 @@ async def test_echo_over_webrtc_a_cough_pauses_the_track_and_it_resumes_whole_th
     server = server_process("--model", "echo")
     caller = Caller()
     try:
-        answer = await caller.connect(server.url, "?duplex_events=1")
+        answer = await caller.connect(server.url, query="?duplex_events=1")
         assert answer.headers["content-type"].startswith("application/sdp")
         call_path = answer.headers["location"]
         assert call_path.startswith("/v1/realtime/calls/rtc_")

@@ -18,8 +18,9 @@ RATE = 48000
 
 
 def fake_microphone(path: Path) -> Path:
-    """Speech then silence; Chromium loops the file, so turns keep coming."""
-    audio = np.concatenate([np.zeros(RATE // 2), babble(RATE * 2, rate=RATE, seed=31), np.zeros(RATE * 3)])
+    """Speech then silence; Chromium loops the file, so turns keep coming. Synthetic speech
+    tells the end-of-turn model nothing, so the silence outlasts semantic_vad's longest wait."""
+    audio = np.concatenate([np.zeros(RATE // 2), babble(RATE * 2, rate=RATE, seed=31), np.zeros(RATE * 5)])
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -62,6 +63,9 @@ async def test_page_connects_talks_and_shows_the_reply(server_process, tmp_path)
             user_lines = await page.locator("#transcript .user").count()
             assert user_lines >= 1
             assert await page.locator("#problem").is_hidden()
+            # The page asks for semantic turn detection (the server starts WebRTC calls with
+            # the Realtime API's default, server_vad).
+            assert await page.evaluate("window.duplex.turnDetection") == "semantic_vad"
         finally:
             await page.screenshot(path=str(ARTIFACTS / "browser-session.png"), full_page=True)
             await browser.close()

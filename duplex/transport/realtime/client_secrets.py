@@ -1,5 +1,12 @@
 """POST /v1/realtime/client_secrets: mint a short-lived key that opens one session with the
-settings it was minted for (validated here, as session.update would)."""
+settings it was minted for (validated here, as session.update would).
+
+The settings are kept in the session registry (Redis in a cluster) until the key is used, so a
+key never carries an MCP server's `headers` or `authorization`: those are secrets, and the
+registry is no place for them. The key is refused, with the tool named; the server that minted
+it gives the MCP tool its headers itself, through the call's sideband (`/v1/realtime?call_id=`)
+or its own session.update, where they live only in the session's memory.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,12 @@ from starlette.responses import JSONResponse, Response
 from duplex.access.auth import Gate
 from duplex.access.errors import error_response
 from duplex.store import StoreUnavailable
-from duplex.transport.realtime.session_config import SessionSettings, ga_session, updated_ga
+from duplex.transport.realtime.session_config import (
+    ConfigError,
+    SessionSettings,
+    ga_session,
+    updated_ga,
+)
 
 _STORE_DOWN = "The session registry cannot be reached."
 
@@ -32,6 +44,7 @@ def client_secrets_endpoint(gate: Gate, model_name: str):
             body = json.loads(await request.body() or b"{}")
             ttl, session = _parse_request(body, gate.auth.ephemeral_key_ttl_s)
             settings = updated_ga(SessionSettings(), session)
+            _refuse_secrets(session)
         except ValueError as exc:
             return error_response(400, "invalid_value", str(exc), getattr(exc, "param", None))
         session_id = "sess_" + secrets.token_hex(8)
@@ -59,3 +72,21 @@ def _parse_request(body: Any, default_ttl: int) -> tuple[int, dict[str, Any]]:
     if not isinstance(session, dict):
         raise ValueError("session must be an object.")
     return ttl, session
+
+
+def _refuse_secrets(session: dict[str, Any]) -> None:
+    """An MCP tool with headers or an authorization (ConfigError naming it); run after the
+    session validated, so `tools` is a list of objects."""
+    for i, tool in enumerate(session.get("tools") or ()):
+        if tool.get("type") != "mcp":
+            continue
+        for name in ("headers", "authorization"):
+            if tool.get(name):
+                raise ConfigError(
+                    "invalid_value",
+                    f"Invalid value for 'session.tools.{i}.{name}': the MCP tool "
+                    f"'{tool['server_label']}' cannot keep its {name} in an ephemeral key, "
+                    "which the session registry stores until it is used. Give the tool with "
+                    f"its {name} from your server: session.update on the call's sideband "
+                    "(/v1/realtime?call_id=...).",
+                    f"session.tools.{i}.{name}")

@@ -1,8 +1,12 @@
 """The Realtime conversation: its items in order, as the client sees them and as a resume
 restores them.
 
-Three kinds of item, as in OpenAI's API: messages (user, assistant, system; one content part
-each here), the model's function calls, and the client's function call outputs.
+The kinds of item, as in OpenAI's API: messages (user, assistant, system; a client's may hold
+several content parts, a reply holds one), function calls (the model's or a client's), and the
+client's function call outputs; and what the server's own MCP client adds: a server's tool
+listing (`mcp_list_tools`), the calls it ran (`mcp_call`), the approvals it asked for
+(`mcp_approval_request`) and the client's answers (`mcp_approval_response`). Each item names
+the part of the model's context it laid (`unit`, see model_context.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any
 class Item:
     id: str
     type: str = "message"
-    """message | function_call | function_call_output"""
+    """message | function_call | function_call_output | mcp_list_tools | mcp_call |
+    mcp_approval_request | mcp_approval_response"""
     role: str | None = None
     content_type: str | None = None
     """The message's one content part: input_text, input_audio, output_audio, output_text..."""
@@ -28,6 +33,29 @@ class Item:
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+    server_label: str | None = None
+    """The MCP server of an mcp_* item."""
+    tools: list[dict[str, Any]] | None = None
+    """An mcp_list_tools item's tools (name, description, input_schema, annotations)."""
+    error: dict[str, Any] | None = None
+    """Why an mcp_call failed: {type: protocol_error | http_error | tool_execution_error,
+    code?, message}."""
+    approval_request_id: str | None = None
+    approve: bool | None = None
+    reason: str | None = None
+    content: list[dict[str, Any]] | None = None
+    """A client message's content parts as it sent them (audio left out); None: the one part
+    the fields above describe."""
+    unit: int | None = None
+    """The part of the model's context this item laid (a reply's items share one)."""
+    output_unit: int | None = None
+    """The part an mcp_call's output (or error) laid: the tool's response, a part of its own
+    after the reply that made the call."""
+
+    @property
+    def units(self) -> tuple[int, ...]:
+        """The parts of the model's context this item holds, in order."""
+        return tuple(u for u in (self.unit, self.output_unit) if u is not None)
 
     def set_spoken(self, text: str) -> None:
         """The reply's text so far, where its content part keeps it."""
@@ -44,6 +72,12 @@ class Item:
                     "arguments": self.arguments}
         if self.type == "function_call_output":
             return {**base, "call_id": self.call_id, "output": self.output}
+        if self.type in _MCP_WIRE:
+            return {**base, **{name: getattr(self, name) for name in _MCP_WIRE[self.type]}}
+        if self.content is not None:
+            parts = [{**p, "transcript": self.transcript} if p["type"] == "input_audio" else p
+                     for p in self.content]
+            return {**base, "role": self.role, "content": parts}
         part: dict[str, Any] = {"type": self.content_type}
         if self.content_type in ("input_audio", "output_audio"):
             part["transcript"] = self.transcript
@@ -54,7 +88,7 @@ class Item:
     def record(self) -> dict[str, Any]:
         """Plain JSON for the session registry; `from_record` reads it back."""
         out: dict[str, Any] = {"id": self.id, "item_type": self.type, "status": self.status}
-        for name in ("role", "transcript", "text", "call_id", "name", "arguments", "output"):
+        for name in _RECORDED:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -78,7 +112,23 @@ class Item:
             name=data.get("name"),
             arguments=data.get("arguments"),
             output=data.get("output"),
+            **{name: data.get(name) for name in _RECORDED_MCP},
+            content=data.get("content"),
+            unit=data.get("unit"),
+            output_unit=data.get("output_unit"),
         )
+
+
+_MCP_WIRE = {
+    "mcp_list_tools": ("server_label", "tools"),
+    "mcp_call": ("server_label", "name", "arguments", "approval_request_id", "output", "error"),
+    "mcp_approval_request": ("server_label", "name", "arguments"),
+    "mcp_approval_response": ("approval_request_id", "approve", "reason"),
+}
+"""Each MCP item's fields as OpenAI's Realtime items name them."""
+_RECORDED_MCP = ("server_label", "tools", "error", "approval_request_id", "approve", "reason")
+_RECORDED = ("role", "transcript", "text", "call_id", "name", "arguments", "output",
+             "content", "unit", "output_unit", *_RECORDED_MCP)
 
 
 class Conversation:

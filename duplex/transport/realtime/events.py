@@ -40,7 +40,9 @@ class ActiveResponse:
     audio_started: bool = False
     transcript: list[str] = field(default_factory=list)
     calls: dict[int, Item] = field(default_factory=dict)
-    """The function calls the model wrote in this reply, by their order in it."""
+    """The calls the model wrote in this reply (function and MCP), by their order in it."""
+    pending: set[str] = field(default_factory=set)
+    """The MCP calls of this reply still running (it ends once they have)."""
 
     def output(self) -> list[Item]:
         return [self.item, *self.calls.values()]

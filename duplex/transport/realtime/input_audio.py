@@ -19,11 +19,14 @@ from duplex.media.pcm import PcmError
 from duplex.media.rates import ASR_RATE
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
+from duplex.transcription.recognizer import Hints
 from duplex.transport.core import MediaClock
-from duplex.transport.effects import EngineClearInput
+from duplex.transport.effects import EngineClearInput, EnginePush
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import EventWriter
+from duplex.transport.realtime.live_transcript import LiveTranscript
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.replies import G711_LAWS
 from duplex.transport.realtime.session_config import SessionSettings
 
@@ -34,19 +37,23 @@ OPENAI_TRANSCRIBE = "whisper-1"
 
 @dataclass(frozen=True)
 class Transcribe:
-    """Recognise `pcm` (float32 at 16 kHz), the audio of user item `item_id`, with `model`;
-    answer with `on_transcript`."""
+    """Recognise `pcm` (float32 at 16 kHz), the audio of user item `item_id`, with `model`,
+    told `hints`; answer with `on_transcript`. A partial one hears audio not yet committed."""
 
     item_id: str
     model: str
     pcm: np.ndarray
+    hints: Hints = Hints()
+    partial: bool = False
 
 
 class InputAudio:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 settings: Callable[[], SessionSettings], *, max_lead_ms: int,
-                 transcription_models: tuple[str, ...]) -> None:
+                 settings: Callable[[], SessionSettings], context: ModelContext, *,
+                 max_lead_ms: int, transcription_models: tuple[str, ...],
+                 transcription_languages: Callable[[str], tuple[str, ...] | None]) -> None:
         self.clock = clock
+        self.context = context
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -54,7 +61,9 @@ class InputAudio:
         self.max_lead_ms = max_lead_ms
         """How far appended audio may run ahead of real time before appends are refused."""
         self.transcription_models = transcription_models
-        """The names `audio.input.transcription.model` may take; empty: no recogniser."""
+        """The server's own recogniser names; empty: it has none."""
+        self.transcription_languages = transcription_languages
+        self.live = LiveTranscript()
         self.samples = 0
         self.uncommitted_samples = 0
         self.speech_item_id: str | None = None
@@ -85,6 +94,19 @@ class InputAudio:
             return pcm16_to_float(data)
         return self._g711_in.process(g711_to_float(data, G711_LAWS[fmt]))
 
+    def decode_item_audio(self, audio: str, param: str) -> np.ndarray:
+        """An item's audio part (base64 in the session's input format) as float32 at 24 kHz,
+        apart from the input stream (whose resampler state it must not touch)."""
+        try:
+            data = base64.b64decode(audio, validate=True)
+            fmt = self.settings().input_format
+            if fmt == "audio/pcm":
+                return pcm16_to_float(data)
+            return Resampler(8000, RATE).process(g711_to_float(data, G711_LAWS[fmt]), last=True)
+        except (binascii.Error, ValueError, PcmError) as exc:
+            raise ProtocolError("invalid_value", f"Invalid value for '{param}': {exc}.",
+                                param) from None
+
     def g711_state(self) -> ResamplerState | None:
         """Where the G.711 upsampler stands; None while no G.711 audio has come in."""
         return self._g711_in.state() if self._g711_in.fed else None
@@ -107,9 +129,21 @@ class InputAudio:
         if n == 0:
             return
         settings = self.settings()
-        out += self.clock.input_effects(pcm, detect_speech=settings.turn_detection is not None)
+        self.to_model(out, self.clock.input_effects(
+            pcm, detect_speech=settings.turn_detection is not None))
         if settings.transcription is not None:
             self._asr_audio.append(self._to_asr.process(pcm))
+            self._hear_again(out, settings)
+
+    def to_model(self, out: list, effects: list) -> None:
+        """Input effects, audio for the model among them: that audio opens the uncommitted
+        tail's unit of context first (none reaches the model of a transcription session,
+        which never answers)."""
+        if self.settings().type == "transcription":
+            effects = [e for e in effects if not isinstance(e, EnginePush)]
+        elif any(isinstance(e, EnginePush) for e in effects):
+            self.context.open_tail(out)
+        out += effects
 
     def commit(self, out: list) -> None:
         """input_audio_buffer.commit: at least 100 ms of audio becomes a user item."""
@@ -118,10 +152,13 @@ class InputAudio:
                                 f"Error committing input audio buffer: buffer too small. Expected at "
                                 f"least 100ms of audio, but buffer only has "
                                 f"{self.uncommitted_samples * 1000 // RATE}ms of audio.")
-        self.commit_as(out, self.speech_item_id or self.events.new_id("item"))
+        self.commit_as(out, self.speech_item_id or self.events.new_id("item"), asked=True)
 
-    def commit_as(self, out: list, item_id: str) -> Item:
-        item = Item(item_id, role="user", content_type="input_audio")
+    def commit_as(self, out: list, item_id: str, asked: bool = False) -> Item:
+        """`asked`: the client committed; what input is held back goes to the model too."""
+        self.to_model(out, self.clock.commit_input(asked))
+        item = Item(item_id, role="user", content_type="input_audio",
+                    unit=self.context.commit_tail())
         previous = self.conversation.append(item)
         self.uncommitted_samples = 0
         self.speech_item_id = None
@@ -135,40 +172,92 @@ class InputAudio:
     def clear(self, out: list) -> None:
         self.uncommitted_samples = 0
         self._asr_audio = []
-        out.append(EngineClearInput())
+        self.clock.gate.clear()
+        self.live.cleared()
+        if self.context.enabled:
+            self.context.drop_tail()
+        else:
+            out.append(EngineClearInput())
         self.events.emit(out, "input_audio_buffer.cleared")
 
     # -- transcription ----------------------------------------------------------------------
 
     def check_transcription(self, new: SessionSettings, beta: bool) -> None:
-        if new.transcription is None or new.transcription == self.settings().transcription:
+        """Any model name selects a recogniser (see `Transcriber.recognizer`); a language it
+        does not transcribe is the client's error, naming those it does."""
+        config = new.transcription
+        if config is None or config == self.settings().transcription:
             return
-        param = ("session.input_audio_transcription.model" if beta
-                 else "session.audio.input.transcription.model")
-        model = new.transcription.get("model")
+        prefix = "session.input_audio_transcription" if beta else "session.audio.input.transcription"
         if not self.transcription_models:
             raise ProtocolError("invalid_value", "This server has no speech recogniser; "
-                                "input audio transcription is not available.", param)
-        if model is not None and model not in self.transcription_models:
+                                "input audio transcription is not available.", f"{prefix}.model")
+        language = config.get("language")
+        known = self.transcription_languages(config.get("model") or OPENAI_TRANSCRIBE)
+        if language and known is not None and language.lower() not in known:
+            param = f"{prefix}.language"
             raise ProtocolError("invalid_value",
-                                f"Invalid value for '{param}': unknown transcription model "
-                                f"'{model}'; available: {', '.join(self.transcription_models)}.",
+                                f"Invalid value for '{param}': this server's recogniser does not "
+                                f"transcribe '{language}'; it transcribes: {', '.join(known)}.",
                                 param)
+
+    def _hints(self, config: dict, item_id: str, prefix: str = "") -> Hints:
+        language = config.get("language")
+        return Hints(language.lower() if language else None, config.get("prompt"), prefix)
+
+    def _model(self, config: dict) -> str:
+        return config.get("model") or OPENAI_TRANSCRIBE
+
+    def _hear_again(self, out: list, settings: SessionSettings) -> None:
+        """While the user speaks, the uncommitted audio goes to the recogniser again now and
+        then, for the partial transcript (live_transcript.py)."""
+        if settings.turn_detection is not None and not self.clock.detector.speaking:
+            return
+        if self.speech_item_id is None:
+            # Manual commits: the audio's item takes this id when committed.
+            self.speech_item_id = self.events.new_id("item")
+        item_id = self.speech_item_id
+        heard = sum(len(a) for a in self._asr_audio)
+        if self.live.due(item_id, heard):
+            config = settings.transcription
+            out.append(Transcribe(item_id, self._model(config), np.concatenate(self._asr_audio),
+                                  self._hints(config, item_id, self.live.prefix(item_id)),
+                                  partial=True))
 
     def transcribe(self, out: list, item: Item) -> None:
         """The item's audio goes to the recogniser (its transcript comes back later)."""
         audio, self._asr_audio = self._asr_audio, []
         config = self.settings().transcription
         if config is None:
+            self.live.cleared()
             return
         tail = self._to_asr.process(np.zeros(0, np.float32), last=True)
         self._to_asr = Resampler(RATE, ASR_RATE)
         pcm = np.concatenate([*audio, tail]) if audio else tail
-        out.append(Transcribe(item.id, config.get("model") or OPENAI_TRANSCRIBE, pcm))
+        request = self.live.committed(item.id, lambda sent: Transcribe(
+            item.id, self._model(config), pcm, self._hints(config, item.id, sent)))
+        if request is not None:
+            out.append(request)
+
+    def transcribe_item(self, out: list, item: Item, pcm: np.ndarray) -> None:
+        """A created item's audio (float32 at 24 kHz) goes to the recogniser."""
+        config = self.settings().transcription
+        if config is not None:
+            out.append(Transcribe(item.id, self._model(config),
+                                  Resampler(RATE, ASR_RATE).process(pcm, last=True),
+                                  self._hints(config, item.id)))
 
     def on_transcript(self, out: list, item_id: str, text: str | None, error: str | None,
-                      audio_s: float) -> None:
+                      audio_s: float, partial: bool = False) -> None:
         emit = self.events.emit
+        if partial:
+            delta, final = self.live.on_partial(item_id, text if error is None else "")
+            if delta:
+                emit(out, "conversation.item.input_audio_transcription.delta", item_id=item_id,
+                     content_index=0, delta=delta)
+            if final is not None:
+                out.append(final)
+            return
         if error is not None:
             emit(out, "conversation.item.input_audio_transcription.failed", item_id=item_id,
                  content_index=0, error={"type": "server_error", "code": "transcription_failed",
@@ -177,8 +266,9 @@ class InputAudio:
         item = self.conversation.find(item_id)
         if item is not None:
             item.transcript = text
-        emit(out, "conversation.item.input_audio_transcription.delta", item_id=item_id,
-             content_index=0, delta=text)
+        if delta := self.live.on_final(item_id, text):
+            emit(out, "conversation.item.input_audio_transcription.delta", item_id=item_id,
+                 content_index=0, delta=delta)
         emit(out, "conversation.item.input_audio_transcription.completed", item_id=item_id,
              content_index=0, transcript=text,
              usage={"type": "duration", "seconds": round(audio_s, 3)})

@@ -1,40 +1,51 @@
-"""The conversation items a client handles: create (messages with text, audio or an image;
-function calls and their outputs), delete, retrieve, and truncate (an assistant's audio cut
-where the listener stopped hearing it, with its transcript)."""
+"""The conversation items a client handles: create (messages of any role with text, audio and
+images in order; function calls and their outputs; answers to MCP approval requests), delete,
+retrieve, and truncate (an assistant's audio cut where the listener stopped hearing it, with
+its transcript). What an item lays into the model's context goes through `ModelContext`, in
+the item's place."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Callable
 
+import numpy as np
 from pydantic import ValidationError
 
+from duplex.media import Resampler
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.session.errors import SessionError
 from duplex.transport.core import MediaClock
-from duplex.transport.effects import EnginePushImage, EnginePushText
+from duplex.transport.effects import EnginePush, EnginePushImage, EnginePushText
 from duplex.transport.realtime import schema
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import EventWriter
 from duplex.transport.realtime.input_audio import InputAudio
+from duplex.transport.realtime.mcp import McpTools
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.replies import Replies
 
 
 class Items:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 input_audio: InputAudio, replies: Replies,
-                 cancel: Callable[[list, str], None]) -> None:
+                 input_audio: InputAudio, replies: Replies, context: ModelContext,
+                 cancel: Callable[[list, str], None], model_input_rate: int,
+                 mcp: McpTools) -> None:
         self.clock = clock
+        self.context = context
+        self.model_input_rate = model_input_rate
         self.core = clock.core
         self.events = events
         self.conversation = conversation
         self.input = input_audio
         self.replies = replies
         self.cancel = cancel
+        self.mcp = mcp
 
     def _find(self, item_id: str) -> Item:
         item = self.conversation.find(item_id)
@@ -59,49 +70,84 @@ class Items:
                                 "previous_item_id")
         item_id = item.id or self.events.new_id("item")
         if self.conversation.find(item_id):
-            raise ProtocolError("item_already_exists", f"Item '{item_id}' already exists.", "item.id")
+            raise ProtocolError("item_create_duplicate_item_id",
+                                f"Item with id '{item_id}' already exists in the conversation.",
+                                "item.id")
+        pushes: list = []
+        heard: list[np.ndarray] = []
         if isinstance(item, schema.MessageItem):
-            record = self._message(out, item_id, item)
+            record = self._message(pushes, heard, item_id, item)
         elif isinstance(item, schema.FunctionCallItem):
             record = Item(item_id, type="function_call", call_id=item.call_id, name=item.name,
                           arguments=item.arguments)
+            pushes.append(EnginePushText(
+                json.dumps({"name": item.name, "arguments": item.arguments}), "function_call"))
+        elif isinstance(item, schema.McpApprovalResponseItem):
+            record = Item(item_id, type="mcp_approval_response",
+                          approval_request_id=item.approval_request_id, approve=item.approve,
+                          reason=item.reason)
+            pushes += self.mcp.answered(record)
         else:
             if not any(i.type == "function_call" and i.call_id == item.call_id
                        for i in self.conversation):
-                raise ProtocolError("invalid_value",
-                                    f"Invalid value for 'item.call_id': no function call with "
-                                    f"call_id '{item.call_id}' in the conversation.",
+                raise ProtocolError("invalid_tool_call_id",
+                                    f"Tool call ID '{item.call_id}' not found in conversation.",
                                     "item.call_id")
             record = Item(item_id, type="function_call_output", call_id=item.call_id,
                           output=item.output)
-            out.append(EnginePushText(item.output, role="tool"))
+            pushes.append(EnginePushText(item.output, role="tool"))
+        record.unit = self.context.lay(out, pushes)
         previous = self.conversation.insert(record, after)
         self.events.emit(out, "conversation.item.added", item=record.as_wire(),
                          previous_item_id=previous)
         self.events.emit(out, "conversation.item.done", item=record.as_wire(),
                          previous_item_id=previous)
+        if heard:
+            self.input.transcribe_item(out, record, np.concatenate(heard))
+        if record.type == "mcp_approval_response":
+            self.mcp.on_approval(out, record, self.replies.active)
 
-    def _message(self, out: list, item_id: str, item: schema.MessageItem) -> Item:
-        first = item.content[0] if item.content else None
-        if first is None:
+    def _message(self, pushes: list, heard: list[np.ndarray], item_id: str,
+                 item: schema.MessageItem) -> Item:
+        """The message's record; into `pushes` the input it lays into the model's context (a
+        user's parts in order, a system or assistant message as a turn of its own), into
+        `heard` a user's audio (24 kHz) for transcription."""
+        if not item.content:
             raise ProtocolError("invalid_value", "An item needs at least one content part.",
                                 "item.content")
-        if first.type == "input_audio":
-            if first.audio is None:
-                raise ProtocolError("missing_required_parameter",
-                                    "Missing required parameter: 'item.content[0].audio'.",
-                                    "item.content.0.audio")
-            self.input.append_base64(out, first.audio, "item.content.0.audio")
-            record = Item(item_id, role=item.role, content_type=first.type,
-                          transcript=first.transcript)
-            self.input.transcribe(out, record)
-            return record
-        elif first.type == "input_image":
-            out.append(EnginePushImage(_image_bytes(first.image_url)))
-        elif first.type in ("input_text", "text") and item.role == "user" and first.text:
-            out.append(EnginePushText(first.text))
+        role = "system" if item.role == "developer" else item.role
+        parts: list[dict] = []
+        said: list[str] = []
+        for i, part in enumerate(item.content):
+            param = f"item.content.{i}"
+            if part.type == "input_audio":
+                if part.audio is None:
+                    raise ProtocolError("missing_required_parameter",
+                                        f"Missing required parameter: '{param}.audio'.",
+                                        f"{param}.audio")
+                pcm = self.input.decode_item_audio(part.audio, f"{param}.audio")
+                if role == "user":
+                    pushes.append(EnginePush(Resampler(RATE, self.model_input_rate).process(
+                        pcm, last=True)))
+                    heard.append(pcm)
+                parts.append({"type": "input_audio", "transcript": part.transcript})
+            elif part.type == "input_image":
+                data = _image_bytes(part.image_url, f"{param}.image_url")
+                if role == "user":
+                    pushes.append(EnginePushImage(data))
+                parts.append({"type": "input_image", "image_url": part.image_url})
+            else:
+                text = part.text if part.type not in ("output_audio", "audio") else part.transcript
+                if role == "user" and text:
+                    pushes.append(EnginePushText(text))
+                said.append(text or "")
+                key = "transcript" if part.type in ("output_audio", "audio") else "text"
+                parts.append({"type": part.type, key: text})
+        if role != "user" and "".join(said):
+            pushes.append(EnginePushText("".join(said), role))
+        first = item.content[0]
         return Item(item_id, role=item.role, content_type=first.type, text=first.text,
-                    transcript=first.transcript)
+                    transcript=first.transcript, content=parts)
 
     def delete(self, out: list, event: schema.ItemRef) -> None:
         item = self._find(event.item_id)
@@ -136,19 +182,18 @@ class Items:
                          audio_end_ms=event.audio_end_ms)
 
 
-def _image_bytes(image_url: str | None) -> bytes:
+def _image_bytes(image_url: str | None, param: str) -> bytes:
     """The bytes of a `data:image/...;base64,` URL; fetching URLs is not something we do."""
     if not image_url:
         raise ProtocolError("missing_required_parameter",
-                            "Missing required parameter: 'item.content[0].image_url'.",
-                            "item.content.0.image_url")
+                            f"Missing required parameter: '{param}'.", param)
     head, _, payload = image_url.partition(",")
     if not (head.startswith("data:image/") and head.endswith(";base64")):
         raise ProtocolError("invalid_value",
-                            "Invalid value for 'image_url': only data:image/...;base64 URLs are "
-                            "accepted.", "item.content.0.image_url")
+                            f"Invalid value for '{param}': only data:image/...;base64 URLs are "
+                            "accepted.", param)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ProtocolError("invalid_value", "Invalid value for 'image_url': not valid base64.",
-                            "item.content.0.image_url") from None
+        raise ProtocolError("invalid_value", f"Invalid value for '{param}': not valid base64.",
+                            param) from None

@@ -11,11 +11,13 @@ PCM; G.711's 8 kHz is resampled onto it), so audio_start_ms and audio_end_ms are
 This module parses and dispatches client events (by the `_HANDLERS` table), applies session
 settings and answers errors; each concept has a part of its own that the protocol composes:
 the input side (input_audio.py), turn detection (turns.py), conversation items (items.py),
-replies (replies.py), native duplex (native_duplex.py) and what a resume reads (resume.py).
+replies (replies.py), MCP tools the server runs (mcp.py), native duplex (native_duplex.py) and
+what a resume reads (resume.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,10 +38,13 @@ from duplex.transport.effects import (
     EngineClearInput,
     EngineCommit,
     EngineInstruct,
+    EngineMark,
     EnginePush,
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
+    EngineReplay,
+    EngineRewind,
     EngineSetDuplex,
     FlushAudio,
     HoldAudio,
@@ -47,7 +52,9 @@ from duplex.transport.effects import (
     InvalidToolCall,
     PlayAudio,
     ResumeAudio,
+    ScoreTurnEnd,
     Send,
+    TurnEnded,
     VadFeed,
 )
 from duplex.transport.realtime import resume, schema
@@ -57,6 +64,8 @@ from duplex.transport.realtime.errors import ProtocolError
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.input_audio import InputAudio, Transcribe
 from duplex.transport.realtime.items import Items
+from duplex.transport.realtime.mcp import MAX_FOLLOW_UPS, CallTool, ListTools, McpTools
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.native_duplex import NativeDuplex
 from duplex.transport.realtime.replies import Replies
 from duplex.transport.realtime.resume import ResumeSession
@@ -80,7 +89,8 @@ Effect = (
     | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | HoldAudio
     | ResumeAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
-    | InterruptionJudged
+    | InterruptionJudged | EngineMark | EngineRewind | EngineReplay | ListTools | CallTool
+    | ScoreTurnEnd | TurnEnded
 )
 
 
@@ -92,6 +102,8 @@ class Limits:
     output_lead_ms: int = 100
     max_errors: int = 100
     """Errors one connection may cause before it is closed (1008) as abusive."""
+    mcp_timeout_s: float = 30.0
+    """How long the server waits for an MCP server to list its tools or answer a call."""
 
 
 class RealtimeProtocol:
@@ -110,11 +122,16 @@ class RealtimeProtocol:
         duplex_events: bool = False,
         voices: Voices | None = None,
         transcription_models: tuple[str, ...] = (),
+        transcription_languages: Callable[[str], tuple[str, ...] | None] = lambda model: None,
         native_duplex: bool = False,
+        rewinds_context: bool = False,
         duplex_models: tuple[str, ...] = NATIVE_MODELS,
         start_duplex: bool = False,
+        turn_model: bool = False,
     ) -> None:
         self.session_id = session_id
+        self.turn_model = turn_model
+        """The server has the end-of-turn model, which semantic_vad asks at a pause."""
         self.resume_token = resume_token
         """Sent once, in session.created (and session.resumed); the registry keeps its hash."""
         self.model = model
@@ -133,28 +150,36 @@ class RealtimeProtocol:
             session_id, rate=RATE, model_input_rate=model_input_rate,
             model_output_rate=model_output_rate,
             lead_samples=self.limits.output_lead_ms * RATE // 1000,
-            detector=detector_for(self.turn_detection, 0),
+            detector=detector_for(self.turn_detection, 0, turn_model),
             video_interval_samples=video_interval_samples,
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
         self._apply_interruption()
+        self._gate_input()
         self.events = EventWriter(beta)
         self.conversation = Conversation()
-        self.replies = Replies(self.clock, self.events, self.conversation, self.voices,
-                               media_track=media_track, conversation_id=_conversation_id(session_id))
+        self.context = ModelContext(self.conversation, rewinds_context,
+                                    lambda: self._told_instructions)
+        self.mcp = McpTools(self.events, self.conversation, self.context, self._follow_up)
+        self.replies = Replies(self.clock, self.events, self.conversation, self.voices, self.mcp,
+                               self.context, media_track=media_track,
+                               conversation_id=_conversation_id(session_id))
         self.input = InputAudio(self.clock, self.events, self.conversation, lambda: self.settings,
-                                max_lead_ms=self.limits.max_input_lead_ms,
-                                transcription_models=transcription_models)
+                                self.context, max_lead_ms=self.limits.max_input_lead_ms,
+                                transcription_models=transcription_models,
+                                transcription_languages=transcription_languages)
         self.turns = Turns(self.clock, self.events, self.replies, self.input,
                            lambda: self.settings, beta)
         self.duplex = NativeDuplex(self.clock, self.events, self.replies, native=native_duplex,
                                    models=duplex_models, model=model, beta=beta)
         self.items = Items(self.clock, self.events, self.conversation, self.input, self.replies,
-                           self.duplex.cancel)
+                           self.context, self.duplex.cancel, model_input_rate, self.mcp)
         self.errors = 0
         self.client_events = 0
         self.closed = False
+        self.more_waiting: Callable[[], bool] = lambda: False
+        """Whether more input waits to be handled (the edge says)."""
 
     # -- event framing and the session's state -----------------------------------------------
 
@@ -202,13 +227,21 @@ class RealtimeProtocol:
         out: list[Effect] = []
         self._emit(out, "session.created", session=self._session_with_token())
         self._instruct(out)
+        self.mcp.sync(out, self.settings)
         self.duplex.sync(out, self.turn_detection)
         return out
+
+    def attached(self) -> dict[str, Any]:
+        """session.created for a sideband attaching now: the session as it stands, without the
+        resume token (the carrier's alone)."""
+        out: list[Effect] = []
+        self._emit(out, "session.created", session=self.session_object())
+        return out[0].event
 
     def _instruct(self, out: list[Effect]) -> None:
         """Tell the engine the session's instructions and tools when they change, so the
         model can place its system turn before any input (see `DuplexModel.instruct`)."""
-        told = (self.settings.instructions, self.settings.tools)
+        told = (self.settings.instructions, self.mcp.offered(self.settings.tools))
         if told != self._told_instructions:
             self._told_instructions = told
             out.append(EngineInstruct(*told))
@@ -308,17 +341,20 @@ class RealtimeProtocol:
         out.append(ResumeSession(event.session_id, event.resume_token))
 
     def resumed(self, session_id: str, conversation: list[dict[str, Any]],
-                config: dict[str, Any], context: dict[str, Any] | None = None) -> list[Effect]:
+                config: dict[str, Any], context: dict[str, Any] | None = None,
+                units: list[int] = ()) -> list[Effect]:
         """The edge claimed `session_id`: continue its conversation on this connection.
         Nothing is replayed: items come back as they were heard and no audio is resent.
 
         `context` says how much of the model's context the edge put back (the extension field
         `rebuilt_context`); the engine then holds the system turn that context opened with,
-        and the session's instructions reach it with the next reply, as they did before."""
+        and the session's instructions reach it with the next reply, as they did before.
+        `units` are the parts of it that conversation items laid, in order."""
         self.session_id = session_id
         self.core.id = session_id
         self.replies.conversation_id = _conversation_id(session_id)
         self.conversation.replace_all([Item.from_record(i) for i in conversation])
+        self.context.restore(list(units))
         self._set_settings(SessionSettings.from_record(config))
         out: list[Effect] = []
         fields: dict[str, Any] = {"session": self._session_with_token()}
@@ -326,9 +362,11 @@ class RealtimeProtocol:
             fields["rebuilt_context"] = context
         self._emit(out, "session.resumed", **fields)
         if context is not None and context["items"]:
-            self._told_instructions = (self.settings.instructions, self.settings.tools)
+            self._told_instructions = (self.settings.instructions,
+                                       self.mcp.offered(self.settings.tools))
         else:
             self._instruct(out)
+        self.mcp.sync(out, self.settings)
         self.duplex.sync(out, self.turn_detection)
         return out
 
@@ -391,6 +429,7 @@ class RealtimeProtocol:
                                 "session.audio.output.format")
         self._set_settings(new)
         self._emit(out, "session.updated", session=self.session_object())
+        self.mcp.sync(out, new)
         self._instruct(out)
         self.duplex.sync(out, self.turn_detection)
 
@@ -398,8 +437,16 @@ class RealtimeProtocol:
         detection_changed = new.turn_detection != self.settings.turn_detection
         self.settings = new
         if detection_changed:
-            self.clock.detector = detector_for(self.turn_detection, self.input.samples)
+            self.clock.detector = detector_for(self.turn_detection, self.input.samples,
+                                               self.turn_model)
         self._apply_interruption()
+        self._gate_input()
+
+    def _gate_input(self) -> None:
+        """Where turns are detected, the model hears each turn from its speech onset (less the
+        prefix padding); without detection (the client commits) or in native duplex, all of it."""
+        td = self.turn_detection
+        self.clock.gate.enabled = td is not None and td.type != "duplex"
 
     def _apply_interruption(self) -> None:
         """turn_detection.min_interruption_ms and audio.input.noise_reduction, into the core and
@@ -425,6 +472,10 @@ class RealtimeProtocol:
             raise ProtocolError("invalid_request_error",
                                 "In duplex mode the model decides when to speak; "
                                 "response.create is not available.")
+        if self.settings.type == "transcription":
+            raise ProtocolError("invalid_request_error",
+                                "A transcription session transcribes the user's turns and never "
+                                "replies; response.create is not available.", "type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: "
@@ -435,6 +486,7 @@ class RealtimeProtocol:
             if settings.voice != self.settings.voice:
                 self.voices.check(settings.voice, "response.voice" if self.beta
                                   else "response.audio.output.voice")
+            settings = self.mcp.resolve(settings, strict=True)
         except ConfigError as exc:
             raise ProtocolError.of(exc) from None
         self.replies.start(out, settings)
@@ -455,6 +507,12 @@ class RealtimeProtocol:
         out: list[Effect] = []
         if self.turn_detection is not None and not self.closed:
             self.turns.on_vad(out, probs, early, duplex=self.segments is not None)
+        return out
+
+    def on_turn_score(self, request: int, complete: float | None) -> list[Effect]:
+        out: list[Effect] = []
+        if self.turn_detection is not None and not self.closed and self.segments is None:
+            self.turns.on_turn_score(out, request, complete)
         return out
 
     def on_engine_audio(self, epoch: int, pcm: np.ndarray, text: str) -> list[Effect]:
@@ -492,6 +550,32 @@ class RealtimeProtocol:
             self.replies.on_tool_call(out, epoch, piece)
         return out
 
+    def on_mcp_listed(self, item_id: str, tools: list[dict[str, Any]] | None,
+                      error: dict[str, Any] | None) -> list[Effect]:
+        """What an MCP server listed (or why it could not), for `ListTools`."""
+        out: list[Effect] = []
+        if not self.closed:
+            self.mcp.on_listed(out, item_id, tools, error)
+            self._instruct(out)
+        return out
+
+    def on_mcp_called(self, item_id: str, output: str | None,
+                      error: dict[str, Any] | None) -> list[Effect]:
+        """What an MCP tool answered (or why it did not), for `CallTool`."""
+        out: list[Effect] = []
+        if not self.closed:
+            self.mcp.on_called(out, item_id, output, error, self.response)
+        return out
+
+    def _follow_up(self, out: list[Effect], depth: int) -> None:
+        """The reply the server asks for after MCP calls, so the model speaks with their
+        results (none while another reply runs, in native duplex, or past MAX_FOLLOW_UPS)."""
+        if self.closed or self.response is not None or self.segments is not None \
+                or depth > MAX_FOLLOW_UPS:
+            return
+        settings = response_settings(self.settings, None, self.beta)
+        self.replies.start(out, replace(settings, tool_choice="auto", follow_up=depth))
+
     def on_engine_failed(self, message: str) -> list[Effect]:
         """The model failed on this session: say so, end any reply, close with 1011."""
         out: list[Effect] = []
@@ -512,11 +596,12 @@ class RealtimeProtocol:
         return out
 
     def on_transcript(self, item_id: str, text: str | None, error: str | None,
-                      audio_s: float) -> list[Effect]:
-        """The recogniser's answer for a user audio item: its transcript, or why there is none."""
+                      audio_s: float, partial: bool = False) -> list[Effect]:
+        """The recogniser's answer for a user audio item: its transcript, or why there is none;
+        a partial one, for audio not yet committed."""
         out: list[Effect] = []
         if not self.closed:
-            self.input.on_transcript(out, item_id, text, error, audio_s)
+            self.input.on_transcript(out, item_id, text, error, audio_s, partial)
         return out
 
     def on_playback(self, played_sample: int) -> None:
@@ -529,6 +614,11 @@ class RealtimeProtocol:
         if not self.closed:
             self.replies.release(out, now)
             self.turns.check_idle(out, now)
+            # A burst of edits (a client replacing its history item by item) is laid once,
+            # when the burst is over, not once per event.
+            if not self.more_waiting():
+                active = self.response.item.unit if self.response is not None else None
+                self.context.sync(out, active)
         return out
 
     def close(self) -> dict[str, int]:

@@ -27,6 +27,8 @@ from duplex.transport.effects import (
 )
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
+from duplex.transport.realtime.mcp import McpTools
+from duplex.transport.realtime.model_context import ModelContext
 from duplex.transport.realtime.session_config import ResponseSettings, Voices
 
 G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
@@ -34,8 +36,12 @@ G711_LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 
 class Replies:
     def __init__(self, clock: MediaClock, events: EventWriter, conversation: Conversation,
-                 voices: Voices, *, media_track: bool, conversation_id: str) -> None:
+                 voices: Voices, mcp: McpTools, context: ModelContext, *, media_track: bool,
+                 conversation_id: str) -> None:
         self.clock = clock
+        self.mcp = mcp
+        """The session's MCP tools: offered to each reply, run when it calls them."""
+        self.context = context
         self.core = clock.core
         self.events = events
         self.conversation = conversation
@@ -51,19 +57,25 @@ class Replies:
 
     def start(self, out: list, settings: ResponseSettings, *, commit: bool = True) -> None:
         """Begin a reply; `commit` asks the engine for it (a duplex model began it itself)."""
+        settings = self.mcp.resolve(settings)
         events = self.core.handle(cmd.StartResponse())
         started = next(e for e in events if isinstance(e, ev.ResponseStarted))
+        # The engine is told of the edits before the reply, and the reply starts its own unit.
+        unit = self.context.begin_reply(out) if commit else None
         new_id = self.events.new_id
         if settings.audio:
             item = Item(new_id("item"), role="assistant", content_type="output_audio",
-                        transcript="", status="in_progress", response_id=started.response_id)
+                        transcript="", status="in_progress", response_id=started.response_id,
+                        unit=unit)
             part = {"type": "audio", "transcript": ""}
         else:
             item = Item(new_id("item"), role="assistant", content_type="output_text", text="",
-                        status="in_progress", response_id=started.response_id)
+                        status="in_progress", response_id=started.response_id, unit=unit)
             part = {"type": "text", "text": ""}
         self.active = r = ActiveResponse(new_id("resp"), started.response_id, started.epoch,
                                          item, settings)
+        # A duplex model's frames keep its own clock: they play as they come.
+        self.clock.tempo.start(settings.speed if commit else 1.0)
         emit = self.events.emit
         emit(out, "response.created", response=self._wire("in_progress"))
         if settings.conversation != "none":
@@ -124,15 +136,16 @@ class Replies:
         r = self.active
         if r is None or epoch != r.epoch:
             return
-        self._produced(epoch, self.clock.reply_audio(pcm), text)
+        for audio, piece in self.clock.reply_pieces(pcm, text):
+            self._produced(epoch, audio, piece)
 
     def on_finished(self, epoch: int, reason: str, usage: dict | None = None) -> None:
         r = self.active
         if r is not None and epoch == r.epoch:
             r.usage = usage
-            tail = self.clock.reply_tail()
-            if len(tail):
-                self._produced(epoch, tail, "")
+            for audio, piece in self.clock.reply_end():
+                if len(audio) or piece:
+                    self._produced(epoch, audio, piece)
             r.engine_done = True
             r.finish_reason = reason
 
@@ -146,8 +159,9 @@ class Replies:
                          output_index=0, content_index=0, delta=text)
 
     def on_tool_call(self, out: list, epoch: int, piece: Piece) -> None:
-        """A function call the model is writing: its item appears once named, its arguments
-        stream, and it is done (with the raw text as arguments if it was not JSON)."""
+        """A call the model is writing: its item appears once named, its arguments stream,
+        and it is done (a function call with the raw text as arguments if it was not JSON;
+        an MCP tool's call is run, mcp.py)."""
         r = self.active
         if r is None or epoch != r.epoch:
             return
@@ -155,6 +169,9 @@ class Replies:
         if item is None:
             item = self._new_call(out, r, piece.index, getattr(piece, "name", ""))
         output_index = 1 + list(r.calls).index(piece.index)
+        if item.type != "function_call":
+            self.mcp.on_piece(out, r, item, output_index, piece)
+            return
         where = {"response_id": r.id, "item_id": item.id, "output_index": output_index,
                  "call_id": item.call_id}
         if isinstance(piece, CallArguments):
@@ -173,8 +190,9 @@ class Replies:
                 self.events.emit(out, "conversation.item.done", item=item.as_wire())
 
     def _new_call(self, out: list, r: ActiveResponse, index: int, name: str) -> Item:
-        item = Item(self.events.new_id("item"), type="function_call", status="in_progress",
-                    call_id=self.events.new_id("call"), name=name, arguments="")
+        item = self.mcp.new_call(r, name) or Item(
+            self.events.new_id("item"), type="function_call", status="in_progress",
+            call_id=self.events.new_id("call"), name=name, arguments="", unit=r.item.unit)
         r.calls[index] = item
         output_index = len(r.calls)
         if r.settings.conversation != "none":
@@ -209,7 +227,7 @@ class Replies:
         if played > self.core.played_samples:
             self.core.handle(cmd.PlaybackAcknowledged(played))
         r = self.active
-        if r is not None and r.engine_done and not self.clock.pacer:
+        if r is not None and r.engine_done and not self.clock.pacer and not r.pending:
             self._finish(out)
 
     def _send_chunk(self, out: list, chunk: ev.OutputChunk, audio: np.ndarray) -> None:
@@ -264,9 +282,16 @@ class Replies:
                 "error": {"type": "invalid_request_error", "code": "context_length_exceeded",
                           "message": "The conversation exceeds the model's context and "
                                      "truncation is disabled."}}))
+        elif r.finish_reason == "server_full":
+            emit(out, "response.done", response=self._wire("failed", {
+                "type": "failed", "reason": None,
+                "error": {"type": "server_error", "code": "server_full",
+                          "message": "The server's KV memory has no room for this reply beside "
+                                     "what other sessions hold; try again shortly."}}))
         else:
             emit(out, "response.done", response=self._wire(
                 "incomplete", {"type": "incomplete", "reason": r.finish_reason, "error": None}))
         if self.media_track and r.audio_started:
             emit(out, "output_audio_buffer.stopped", response_id=r.id)
         self.active = None
+        self.mcp.reply_done(out, r)

@@ -62,11 +62,39 @@ class Audio(_Loose):
     output: AudioOutput | None = None
 
 
-class Tool(_Loose):
+class FunctionTool(_Loose):
     type: Literal["function"]
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
+
+
+class McpToolFilter(_Loose):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(_Loose):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(_Loose):
+    """A remote MCP server whose tools the server lists and calls for the model."""
+
+    type: Literal["mcp"]
+    server_label: Annotated[str, Field(min_length=1, max_length=64,
+                                       pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")]
+    server_url: str | None = None
+    connector_id: str | None = None
+    allowed_tools: list[str] | McpToolFilter | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+    server_description: str | None = None
+
+
+Tool = Annotated[FunctionTool | McpTool, Field(discriminator="type")]
 
 
 class ToolChoiceFunction(_Loose):
@@ -74,12 +102,19 @@ class ToolChoiceFunction(_Loose):
     name: str
 
 
+class ToolChoiceMcp(_Loose):
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
 class RetentionRatio(_Loose):
     type: Literal["retention_ratio"]
     retention_ratio: Annotated[float, Field(ge=0.0, le=1.0)]
 
 
-ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+ToolChoice = Literal["auto", "none", "required"] | Annotated[
+    ToolChoiceFunction | ToolChoiceMcp, Field(discriminator="type")]
 MaxTokens = Annotated[int, Field(ge=1, le=4096)] | Literal["inf"]
 Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                      Field(max_length=16)]
@@ -98,7 +133,8 @@ class _SessionFields(_Loose):
 
 
 class SessionConfig(_SessionFields):
-    type: Literal["realtime"] | None = None
+    type: Literal["realtime", "transcription"] | None = None
+    """transcription: turns are transcribed, never answered."""
     output_modalities: list[Literal["audio", "text"]] | None = None
     max_output_tokens: MaxTokens | None = None
     audio: Audio | None = None
@@ -117,7 +153,8 @@ class BetaSessionConfig(_SessionFields):
 
 
 class ContentPart(_Loose):
-    type: Literal["input_text", "input_audio", "input_image", "text", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "text", "output_text", "output_audio",
+                  "audio"]
     text: str | None = None
     audio: str | None = None
     image_url: str | None = None
@@ -127,7 +164,7 @@ class ContentPart(_Loose):
 class MessageItem(_Loose):
     type: Literal["message"] = "message"
     id: str | None = None
-    role: Literal["user", "assistant", "system"]
+    role: Literal["user", "assistant", "system", "developer"]
     content: list[ContentPart]
 
 
@@ -146,12 +183,21 @@ class FunctionCallOutputItem(_Loose):
     output: str
 
 
+class McpApprovalResponseItem(_Loose):
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: Annotated[str, Field(min_length=1)]
+    approve: bool
+    reason: str | None = None
+
+
 ITEM_TYPES: dict[str, type[_Loose]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
+    "mcp_approval_response": McpApprovalResponseItem,
 }
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | McpApprovalResponseItem
 
 
 class ResponseAudioOutput(_Loose):
@@ -255,10 +301,15 @@ def first_problem(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
 
 
 def _is_union_branch(part: object) -> bool:
-    """pydantic names the union member it tried in the error's location; clients wrote none."""
+    """pydantic names the union member it tried in the error's location (a discriminated
+    union, by its tag); clients wrote none."""
     if not isinstance(part, str):
         return False
-    return part.startswith(("function-", "literal", "constrained-")) or part in _MODEL_NAMES
+    return part.startswith(("function-", "literal", "constrained-")) or part in _MODEL_NAMES \
+        or part in _TAGS or "[" in part
+
+
+_TAGS = {"function", "mcp"}
 
 
 def _subclasses(cls: type) -> set[type]:

@@ -23,6 +23,8 @@ from duplex.store import ResumeError, SessionRegistry, StoredContext
 from duplex.store.context import (
     AudioSpan,
     ContextRecord,
+    ImageSpan,
+    MarkSpan,
     Rebuilt,
     ReplySpan,
     TextSpan,
@@ -40,10 +42,13 @@ from duplex.transport.effects import (
     EngineClearInput,
     EngineCommit,
     EngineInstruct,
+    EngineMark,
     EnginePush,
     EnginePushFrame,
     EnginePushImage,
     EnginePushText,
+    EngineReplay,
+    EngineRewind,
     FlushAudio,
     HoldAudio,
     InterruptionJudged,
@@ -54,6 +59,8 @@ from duplex.transport.effects import (
 from duplex.transport.inbox import (
     EngineOutput,
     Fenced,
+    McpCalled,
+    McpListed,
     MediaAudio,
     MediaFrame,
     Message,
@@ -63,6 +70,8 @@ from duplex.transport.inbox import (
     TranscriptReady,
 )
 from duplex.transport.loop import SessionLoop
+from duplex.transport.realtime import mcp_client
+from duplex.transport.realtime.mcp import CallTool, ListTools
 from duplex.transport.realtime.protocol import (
     RATE,
     Limits,
@@ -122,13 +131,21 @@ class RealtimeSession(SessionLoop):
             duplex_events=duplex_events,
             voices=Voices(engine.model.voices, engine.model.default_voice),
             transcription_models=transcriber.names if transcriber is not None else (),
+            transcription_languages=(transcriber.languages if transcriber is not None
+                                     else lambda model: None),
             native_duplex=engine.model.duplex_delay_frames is not None,
+            rewinds_context=engine.model.rewinds_context,
             start_duplex=duplex_default,
+            turn_model=vad.turn_end is not None,
         )
         super().__init__(engine, vad, send_text, session_id, protocol)
+        protocol.more_waiting = lambda: self.inbox.qsize() > 0
         self.media = media
         """A media track (WebRTC) with play(start_sample, pcm), hold(), resume() and flush();
         None for events."""
+        self.mcp_timeout_s = limits.mcp_timeout_s
+        self._mcp_work: set[asyncio.Task] = set()
+        """MCP listings and calls under way; cancelled when the session ends."""
         self.quota = quota
         self.metrics = metrics
         self.transcriber = transcriber
@@ -138,17 +155,21 @@ class RealtimeSession(SessionLoop):
         self._onset: int | None = None
         self.keeper = None
         self.context: ContextRecord | None = None
-        """The model's context as heard, kept for a rebuild on another node (models that
-        can restore one, with a registry)."""
+        """The model's context as heard: what an edit of the conversation lays again (models
+        that rewind theirs), and what a resume rebuilds on another node (with a registry)."""
+        self._cut: dict[int, list] = {}
+        """What the last rewind took out of the context, by unit, to lay again."""
         if registry is not None:
             self.keeper = SessionKeeper(registry, lease, self._snapshot,
                                         lambda: self.inbox.put(Fenced()), heartbeat_s)
-            if engine.model.restores_context:
-                self.context = self._new_context()
+        if engine.model.restores_context and (registry is not None
+                                              or engine.model.rewinds_context):
+            self.context = self._new_context()
 
     def _new_context(self, saved: StoredContext | None = None) -> ContextRecord:
         m = self.engine.model
-        args = (m.input_rate, m.output_rate, RATE, self.keeper.registry.context_max_bytes)
+        cap = self.keeper.registry.context_max_bytes if self.keeper is not None else 0
+        args = (m.input_rate, m.output_rate, RATE, cap)
         if saved is None:
             return ContextRecord(*args)
         return ContextRecord.from_record(saved, *args)
@@ -192,6 +213,8 @@ class RealtimeSession(SessionLoop):
                                                    self.protocol.input_state()))
 
     async def ended(self) -> None:
+        for task in self._mcp_work:
+            task.cancel()
         if self.keeper is not None:
             await self.keeper.stop()
         held = self.protocol.close()
@@ -234,9 +257,17 @@ class RealtimeSession(SessionLoop):
             c.instruct(effect.instructions, effect.tools)
         elif isinstance(effect, EngineCommit) and self.protocol.response is not None:
             c.reply(self.protocol.response.core_id, effect.epoch, effect.spec.instructions,
-                    effect.spec.tools)
+                    effect.spec.tools, self.protocol.clock.tempo.speed)
         elif isinstance(effect, EngineClearInput):
             c.clear_input()
+        elif isinstance(effect, EngineMark):
+            c.mark(effect.key)
+        elif isinstance(effect, EngineRewind):
+            self._cut.update(c.rewind(effect.key))
+            if effect.system is not None:
+                c.instruct(*effect.system)
+        elif isinstance(effect, EnginePushImage):
+            c.image(effect.data)
         return effect
 
     def _engine_output(self, message: EngineOutput) -> list:
@@ -265,7 +296,8 @@ class RealtimeSession(SessionLoop):
     def _transcript(self, message: TranscriptReady) -> list:
         r = message.result
         return self.protocol.on_transcript(message.item_id, r.text,
-                                           r.error.message if r.error else None, r.audio_s)
+                                           r.error.message if r.error else None, r.audio_s,
+                                           message.partial)
 
     async def _push_image(self, data: bytes) -> bool:
         """Decode off the event loop; a bad image is the client's error, the session goes on."""
@@ -306,6 +338,19 @@ class RealtimeSession(SessionLoop):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):
             self._transcribe(effect)
+        elif isinstance(effect, ListTools):
+            self._mcp(mcp_client.list_tools(effect.server, self.mcp_timeout_s),
+                      lambda result: McpListed(effect.item_id, *result))
+        elif isinstance(effect, CallTool):
+            self._mcp(mcp_client.call_tool(effect.server, effect.tool, effect.arguments,
+                                           self.mcp_timeout_s),
+                      lambda result: McpCalled(effect.item_id, *result))
+        elif isinstance(effect, EngineMark):
+            self.engine.mark(sid, effect.key)
+        elif isinstance(effect, EngineRewind):
+            self.engine.rewind(sid, effect.key, effect.system)
+        elif isinstance(effect, EngineReplay):
+            return await self._replay(effect.key)
         elif isinstance(effect, InterruptionJudged):
             if self.metrics is not None:
                 self.metrics.count_interruption(effect.confirmed)
@@ -318,13 +363,53 @@ class RealtimeSession(SessionLoop):
             return await super().carry_out(effect)
         return False
 
+    def _mcp(self, work, message) -> None:
+        """Talk to an MCP server alongside the session; its answer comes through the inbox."""
+
+        async def run() -> None:
+            self.inbox.put(message(await work))
+
+        task = asyncio.create_task(run())
+        self._mcp_work.add(task)
+        task.add_done_callback(self._mcp_work.discard)
+
+    async def _replay(self, key: int) -> bool:
+        """Lay unit `key` again from what the last rewind took out (a reply as it was heard)."""
+        spans = self._cut.pop(key, None)
+        c, sid, engine = self.context, self.engine_id, self.engine
+        if spans is None or c is None:
+            return False
+        c.mark(key)
+        engine.mark(sid, key)
+        now = self.now_sample()
+        for span in spans:
+            if isinstance(span, AudioSpan):
+                pcm = from_pcm16(span.pcm())
+                c.audio(pcm)
+                engine.push_audio(sid, pcm)
+            elif isinstance(span, TextSpan):
+                c.text(span.text, span.role)
+                engine.push_text(sid, span.text, span.role)
+            elif isinstance(span, ImageSpan):
+                c.image(span.data)
+                if await self._push_image(span.data):
+                    return True
+            elif isinstance(span, ReplySpan):
+                heard = self.protocol.heard(span.core_id, now) if span.core_id is not None else None
+                ids = span.heard_ids(heard, c.scale)
+                c.replayed_reply(span, ids)
+                if ids:
+                    engine.push_reply(sid, ReplyTurn(tuple(ids), span.instructions, span.tools))
+        return False
+
     def _transcribe(self, effect: Transcribe) -> None:
-        item_id = effect.item_id
+        item_id, partial = effect.item_id, effect.partial
         if self.transcriber is None:
-            self.inbox.put(TranscriptReady(item_id, _NO_TRANSCRIBER))
+            self.inbox.put(TranscriptReady(item_id, _NO_TRANSCRIBER, partial))
             return
-        self.transcriber.submit(effect.model, effect.pcm,
-                                lambda result: self.post(TranscriptReady(item_id, result)))
+        self.transcriber.submit(
+            effect.model, effect.pcm,
+            lambda result: self.post(TranscriptReady(item_id, result, partial)), effect.hints)
 
     def _observe(self, event: dict) -> None:
         """Feed TTFA and barge-in latency (a barge-in's speech_started and its cleared come in
@@ -382,7 +467,9 @@ class RealtimeSession(SessionLoop):
                 self.protocol.resume_input(self.context.resamplers)
         log.info("session %s resumed at epoch %d (connection %s); context put back: %s",
                  record.id, lease.epoch, self.session_id, rebuilt)
-        return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt)
+        units = self.context.units() if self.context is not None else []
+        return self.protocol.resumed(record.id, record.conversation, record.config, rebuilt,
+                                     units)
 
     def _rebuild(self, context: ContextRecord):
         """Hand the engine the saved context through its ordinary calls: the audio is encoded
@@ -391,7 +478,9 @@ class RealtimeSession(SessionLoop):
         if context.head is not None and context.spans:
             engine.instruct(sid, *context.head)
         for span in context.spans:
-            if isinstance(span, AudioSpan):
+            if isinstance(span, MarkSpan):
+                engine.mark(sid, span.key)
+            elif isinstance(span, AudioSpan):
                 engine.push_audio(sid, from_pcm16(span.pcm()))
             elif isinstance(span, TextSpan):
                 engine.push_text(sid, span.text, span.role)
@@ -405,5 +494,7 @@ _MESSAGES: dict[type, Callable[[RealtimeSession, Any], list]] = {
     MediaFrame: lambda s, m: s.protocol.receive_video_frame(m.frame, m.pts_sample),
     Fenced: RealtimeSession._fenced,
     TranscriptReady: RealtimeSession._transcript,
+    McpListed: lambda s, m: s.protocol.on_mcp_listed(m.item_id, m.tools, m.error),
+    McpCalled: lambda s, m: s.protocol.on_mcp_called(m.item_id, m.output, m.error),
 }
 """What only a Realtime session takes; the rest goes to SessionLoop."""

@@ -7,8 +7,10 @@ new `SessionSettings` or raise `ConfigError`, and the old settings stay as they 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,6 +37,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SessionSettings:
+    type: str = "realtime"
+    """realtime, or transcription: the user's turns are transcribed and never answered."""
     instructions: str = ""
     output_modalities: tuple[str, ...] = ("audio",)
     input_format: str = "audio/pcm"
@@ -54,10 +58,17 @@ class SessionSettings:
     duplex_events: bool = False
     """Send duplex's own events (`duplex.response.timings`); off, so strict clients that check
     every event against OpenAI's list never meet one."""
+    mcp_headers: dict[str, dict[str, str]] = field(default_factory=dict, repr=False,
+                                                   compare=False)
+    """What each MCP server (by label) is sent with every request (`headers`, and
+    `authorization` as a bearer token): secrets, kept out of `tools`, never echoed, logged or
+    put in the registry; they go to that server alone."""
 
     def record(self) -> dict[str, Any]:
-        """Plain JSON for the session registry (a resume restores it with `from_record`)."""
+        """Plain JSON for the session registry (a resume restores it with `from_record`);
+        without the MCP servers' headers, which a resumed session is sent again."""
         out = asdict(self)
+        del out["mcp_headers"]
         out["turn_detection"] = _dump(self.turn_detection)
         return out
 
@@ -81,26 +92,89 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         param, message = schema.first_problem(exc, prefix)
+        if tool := _naming_tool(data, param, prefix):
+            message = f"{message.removesuffix('.')}{tool}."
         raise ConfigError("invalid_value", message, param) from None
 
 
+def _naming_tool(data: Any, param: str, prefix: str) -> str:
+    """Which tool a problem in `tools` is in, by its name or server label."""
+    found = re.match(re.escape(prefix) + r"tools\.(\d+)", param)
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if found is None or not isinstance(tools, list) or int(found[1]) >= len(tools):
+        return ""
+    return _tool_label(tools[int(found[1])])
+
+
+def _tool_label(tool: Any) -> str:
+    if not isinstance(tool, dict):
+        return ""
+    if tool.get("type") == "mcp" and isinstance(tool.get("server_label"), str):
+        return f" (the MCP tool '{tool['server_label']}')"
+    return f" (the tool '{tool['name']}')" if isinstance(tool.get("name"), str) else ""
+
+
 def _prompt(cfg: schema.SessionConfig | schema.BetaSessionConfig
-            | schema.ResponseParams | schema.BetaResponseParams) -> dict[str, Any]:
+            | schema.ResponseParams | schema.BetaResponseParams,
+            prefix: str) -> dict[str, Any]:
     """Instructions, tools and tool choice: named alike in sessions and responses."""
     changes: dict[str, Any] = {}
     if cfg.instructions is not None:
         changes["instructions"] = cfg.instructions
     if cfg.tools is not None:
-        changes["tools"] = tuple(t.model_dump(exclude_none=True) for t in cfg.tools)
+        tools, headers = _tools(cfg.tools, prefix)
+        changes["tools"] = tools
+        if prefix == "session.":
+            changes["mcp_headers"] = headers
     if cfg.tool_choice is not None:
         choice = cfg.tool_choice
-        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+        changes["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump(
+            exclude_none=True)
     return changes
+
+
+def _tools(tools: list[schema.FunctionTool | schema.McpTool],
+           prefix: str) -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, str]]]:
+    """The tools as the session echoes them, and the MCP servers' headers kept apart; the
+    first bad MCP tool refuses them all (ConfigError naming it)."""
+    out, headers = [], {}
+    for i, tool in enumerate(tools):
+        if isinstance(tool, schema.FunctionTool):
+            out.append(tool.model_dump(exclude_none=True))
+            continue
+        param, label = f"{prefix}tools.{i}", tool.server_label
+        if prefix != "session.":
+            raise ConfigError("invalid_value",
+                              f"Invalid value for '{param}.type': the MCP tool '{label}' can "
+                              "only be set on the session (session.update); response.tools "
+                              "takes function tools.", f"{param}.type")
+        if label in headers:
+            raise ConfigError("invalid_value",
+                              f"Invalid value for '{param}.server_label': two MCP tools are "
+                              f"labelled '{label}'.", f"{param}.server_label")
+        if tool.server_url is None:
+            why = ("connectors are OpenAI's own services; give the MCP server's server_url"
+                   if tool.connector_id is not None else "it is required")
+            raise ConfigError("missing_required_parameter" if tool.connector_id is None
+                              else "invalid_value",
+                              f"Missing required parameter: '{param}.server_url' of the MCP "
+                              f"tool '{label}' ({why}).", f"{param}.server_url")
+        url = urlsplit(tool.server_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError("invalid_value",
+                              f"Invalid value for '{param}.server_url': the MCP tool '{label}' "
+                              "needs an http:// or https:// URL.", f"{param}.server_url")
+        sent = dict(tool.headers or {})
+        if tool.authorization is not None:
+            sent.setdefault("Authorization", f"Bearer {tool.authorization}")
+        headers[label] = sent
+        out.append(tool.model_dump(exclude_none=True, exclude={"headers", "authorization"}))
+    return tuple(out), headers
 
 
 def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, Any]:
     """The fields both spellings name alike."""
-    changes = _prompt(cfg)
+    changes = _prompt(cfg, "session.")
     if cfg.temperature is not None:
         changes["temperature"] = cfg.temperature
     if cfg.truncation is not None:
@@ -113,13 +187,33 @@ def _common(cfg: schema.SessionConfig | schema.BetaSessionConfig) -> dict[str, A
 
 def _check_tools(settings: SessionSettings | ResponseSettings, prefix: str) -> None:
     choice = settings.tool_choice
-    if isinstance(choice, dict):
-        names = [t["name"] for t in settings.tools]
-        if choice["name"] not in names:
+    if not isinstance(choice, dict):
+        return
+    if choice["type"] == "mcp":
+        servers = {t["server_label"]: t for t in settings.tools if t.get("type") == "mcp"}
+        label = choice["server_label"]
+        if label not in servers:
             raise ConfigError(
                 "invalid_value",
-                f"Invalid value for '{prefix}tool_choice.name': no tool named '{choice['name']}' "
-                f"(tools: {', '.join(names) or 'none'}).", f"{prefix}tool_choice.name")
+                f"Invalid value for '{prefix}tool_choice.server_label': no MCP tool labelled "
+                f"'{label}' (MCP tools: {', '.join(servers) or 'none'}).",
+                f"{prefix}tool_choice.server_label")
+        allowed = servers[label].get("allowed_tools")
+        if isinstance(allowed, dict):
+            allowed = allowed.get("tool_names")
+        if "name" in choice and allowed is not None and choice["name"] not in allowed:
+            raise ConfigError(
+                "invalid_value",
+                f"Invalid value for '{prefix}tool_choice.name': the MCP tool '{label}' does not "
+                f"allow '{choice['name']}' (allowed_tools: {', '.join(allowed)}).",
+                f"{prefix}tool_choice.name")
+        return
+    names = [t["name"] for t in settings.tools if t.get("type") != "mcp"]
+    if choice["name"] not in names:
+        raise ConfigError(
+            "invalid_value",
+            f"Invalid value for '{prefix}tool_choice.name': no tool named '{choice['name']}' "
+            f"(tools: {', '.join(names) or 'none'}).", f"{prefix}tool_choice.name")
 
 
 def _ga_modalities(values: list[str], param: str) -> tuple[str, ...]:
@@ -142,6 +236,8 @@ def updated_ga(current: SessionSettings, data: dict[str, Any]) -> SessionSetting
                               f"session.{flat}")
     cfg: schema.SessionConfig = _validate(schema.SessionConfig, data, "session.")
     changes = _common(cfg)
+    if cfg.type is not None:
+        changes["type"] = cfg.type
     if cfg.output_modalities is not None:
         changes["output_modalities"] = _ga_modalities(cfg.output_modalities,
                                                       "session.output_modalities")
@@ -233,6 +329,8 @@ def turn_detection_wire(td: schema.TurnDetection | None) -> dict[str, Any] | Non
 
 
 def ga_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:
+    if s.type == "transcription":
+        return transcription_session(s, session_id)
     out = {
         "type": "realtime",
         "object": "realtime.session",
@@ -260,6 +358,22 @@ def ga_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any
     if s.duplex_events:
         out["duplex_events"] = True
     return out
+
+
+def transcription_session(s: SessionSettings, session_id: str) -> dict[str, Any]:
+    """A transcription session as the GA API writes one."""
+    return {
+        "type": "transcription",
+        "object": "realtime.transcription_session",
+        "id": session_id,
+        "audio": {"input": {
+            "format": format_wire(s.input_format),
+            "transcription": s.transcription,
+            "noise_reduction": s.noise_reduction,
+            "turn_detection": turn_detection_wire(s.turn_detection),
+        }},
+        "include": None,
+    }
 
 
 def beta_session(s: SessionSettings, session_id: str, model: str) -> dict[str, Any]:
@@ -305,6 +419,15 @@ class ResponseSettings:
     metadata: dict[str, str] | None = None
     truncation: str | dict[str, Any] = "auto"
     """The session's: what the Thinker does when its context fills."""
+    mcp_tools: dict[str, Any] = field(default_factory=dict)
+    """The MCP tools among `tools` once resolved for the model (`mcp.McpTools.resolve`), by
+    the name the model calls them."""
+    follow_up: int = 0
+    """Replies the server asked for in a row after MCP calls, this one included (0: asked
+    for by the client or its turn)."""
+    speed: float = 1.0
+    """The session's audio.output.speed, as the reply started (OpenAI: it changes between
+    replies, never during one)."""
 
     @property
     def audio(self) -> bool:
@@ -328,13 +451,13 @@ def response_settings(s: SessionSettings, params: dict[str, Any] | None,
         output_modalities=s.output_modalities, output_format=s.output_format, voice=s.voice,
         instructions=s.instructions, tools=s.tools, tool_choice=s.tool_choice,
         temperature=s.temperature, max_output_tokens=s.max_output_tokens,
-        truncation=s.truncation,
+        truncation=s.truncation, speed=s.speed,
     )
     if not params:
         return base
     model = schema.BetaResponseParams if beta else schema.ResponseParams
     p = _validate(model, params, "response.")
-    changes = _prompt(p)
+    changes = _prompt(p, "response.")
     if p.conversation is not None:
         changes["conversation"] = p.conversation
     if p.metadata is not None:

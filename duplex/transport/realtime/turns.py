@@ -3,7 +3,9 @@ turns.
 
 Speech over a reply pauses it until the core judges the interruption: a confirmed one says
 speech_started (held until then) before the reply's cancellation; a false one lets the reply
-go on. Speech that stops commits the user's audio and, with create_response, starts a reply;
+go on. Speech that stops commits the user's audio and, with create_response, starts a reply:
+after silence_duration_ms (server_vad), or (semantic_vad) at a short pause the end-of-turn
+model judges complete, or after eagerness's longest wait;
 `idle_timeout_ms` speaks up after a stretch with neither speech nor a reply. In duplex, user
 speech is information: it neither interrupts nor ends a turn.
 """
@@ -16,9 +18,15 @@ from typing import Any
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
-from duplex.session.turn_detection import TurnDetector
+from duplex.session.turn_detection import (
+    EAGERNESS_WAIT_MS,
+    SEMANTIC_ASK_MS,
+    SEMANTIC_PAUSE_MS,
+    ScoreTurn,
+    TurnDetector,
+)
 from duplex.transport.core import MediaClock
-from duplex.transport.effects import InterruptionJudged
+from duplex.transport.effects import InterruptionJudged, TurnEnded
 from duplex.transport.realtime import schema
 from duplex.transport.realtime.events import EventWriter
 from duplex.transport.realtime.input_audio import InputAudio
@@ -26,23 +34,28 @@ from duplex.transport.realtime.replies import Replies
 from duplex.transport.realtime.session_config import SessionSettings, response_settings
 
 _EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 300}
-"""semantic_vad's eagerness as the silence that ends a turn: no model here judges whether a
-sentence is complete, so eagerness is how long a pause must be before the turn ends."""
+"""semantic_vad's eagerness on a server without the end-of-turn model: the silence that ends
+a turn."""
 
 
-def silence_ms(td: schema.TurnDetection) -> int:
+def silence_ms(td: schema.TurnDetection, semantic: bool = False) -> int:
     if td.type == "semantic_vad":
-        return _EAGERNESS_SILENCE_MS[td.eagerness or "auto"]
+        return (EAGERNESS_WAIT_MS if semantic else _EAGERNESS_SILENCE_MS)[td.eagerness or "auto"]
     return td.silence_duration_ms
 
 
-def detector_for(td: schema.TurnDetection | None, position: int) -> TurnDetector:
-    """A detector for `td` (server_vad's defaults without one), its clock at `position`."""
+def detector_for(td: schema.TurnDetection | None, position: int,
+                 semantic: bool = False) -> TurnDetector:
+    """A detector for `td` (server_vad's defaults without one), its clock at `position`;
+    `semantic`: the server has the end-of-turn model, which semantic_vad asks."""
     td = td or schema.TurnDetection(type="server_vad")
+    asks = semantic and td.type == "semantic_vad"
     return TurnDetector(
         threshold=td.threshold,
-        silence_samples=silence_ms(td) * RATE // 1000,
+        silence_samples=silence_ms(td, asks) * RATE // 1000,
         prefix_samples=td.prefix_padding_ms * RATE // 1000,
+        pause_samples=SEMANTIC_PAUSE_MS * RATE // 1000 if asks else None,
+        ask_samples=SEMANTIC_ASK_MS * RATE // 1000 if asks else None,
         position=position,
     )
 
@@ -72,9 +85,23 @@ class Turns:
             elif isinstance(command, cmd.SpeechStarted):
                 self._speech_started(out, command.at_sample)
             elif isinstance(command, cmd.SpeechStopped):
-                self._speech_stopped(out, command.at_sample)
+                self._speech_stopped(out, command)
+            elif isinstance(command, ScoreTurn):
+                out.append(self.clock.score_request(command))
             else:
                 self._judge(out, self.core.handle(command))
+        self.input.to_model(out, self.clock.released_input())
+
+    def on_turn_score(self, out: list, request: int, complete: float | None) -> None:
+        """The end-of-turn model's answer for a pause: a complete turn ends now."""
+        stopped = self.clock.turn_scored(request, complete)
+        if stopped is not None:
+            self._speech_stopped(out, stopped)
+
+    def _answers(self) -> bool:
+        """Whether a turn that ends starts a reply (never in a transcription session)."""
+        s = self.settings()
+        return s.turn_detection.create_response and s.type != "transcription"
 
     def _reply(self, out: list) -> None:
         self.replies.start(out, response_settings(self.settings(), None, self.beta))
@@ -142,8 +169,9 @@ class Turns:
                              item_id=self.input.speech_item_id or self.events.new_id("item"))
             self.input.speech_item_id = None
 
-    def _speech_stopped(self, out: list, at: int) -> None:
-        events = self.core.handle(cmd.SpeechStopped(at))
+    def _speech_stopped(self, out: list, stopped: cmd.SpeechStopped) -> None:
+        at = stopped.at_sample
+        events = self.core.handle(stopped)
         self._judge(out, events)
         if any(isinstance(e, ev.OutputResumed) for e in events):
             return
@@ -151,7 +179,8 @@ class Turns:
         self.events.emit(out, "input_audio_buffer.speech_stopped",
                          audio_end_ms=at * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
-        if self.settings().turn_detection.create_response and self.replies.active is None:
+        out.append(TurnEnded(stopped.ended_by))
+        if self._answers() and self.replies.active is None:
             self._reply(out)
         self._idle_since = None
 
@@ -174,6 +203,6 @@ class Turns:
                          audio_start_ms=self._idle_since * 1000 // RATE,
                          audio_end_ms=now * 1000 // RATE, item_id=item_id)
         self.input.commit_as(out, item_id)
-        if td.create_response:
+        if self._answers():
             self._reply(out)
         self._idle_since = None

@@ -1,5 +1,6 @@
 """The WebSocket edge of the Realtime protocol: accept the connection, admit a RealtimeSession
-(session.py) and serve it until either side ends it."""
+(session.py) and serve it until either side ends it; or, with `?call_id=`, attach it to a live
+call as a sideband (duplex.transport.sideband)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from duplex.store import SessionRegistry
 from duplex.transport.loop import PEER_GONE, close_quietly, serve_websocket
 from duplex.transport.realtime.protocol import Limits
 from duplex.transport.realtime.session import RealtimeSession
+from duplex.transport.sideband import serve_sideband
 
 
 def admission_error(exc: AdmissionRefused) -> str:
@@ -28,6 +30,9 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
                       metrics: Metrics | None = None, transcriber_getter=lambda: None,
                       duplex_default: bool = False):
     async def endpoint(ws: WebSocket) -> None:
+        if "call_id" in ws.query_params:
+            await serve_sideband(ws, hub.calls)
+            return
         await ws.accept(subprotocol=choose_subprotocol(ws.scope.get("subprotocols", [])))
         beta = ws.headers.get("openai-beta", "").replace(" ", "").startswith("realtime=v1")
         duplex_events = ws.query_params.get("duplex_events", "").lower() in ("1", "true")
@@ -41,6 +46,8 @@ def realtime_endpoint(engine_getter, vad_getter, limits: Limits, model_name: str
                                   duplex_events=duplex_events,
                                   transcriber=transcriber_getter(),
                                   duplex_default=duplex_default)
+        if ws.query_params.get("intent") == "transcription":
+            session.protocol.configure({"type": "transcription"})
         if principal is not None and principal.session:
             session.protocol.configure(principal.session)
         try:

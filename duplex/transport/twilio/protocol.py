@@ -43,7 +43,13 @@ from duplex.media import float_to_g711, g711_to_float
 from duplex.media.echo import STRENGTHS
 from duplex.session import commands as cmd
 from duplex.session import events as ev
-from duplex.session.turn_detection import TurnDetector
+from duplex.session.turn_detection import (
+    EAGERNESS_WAIT_MS,
+    SEMANTIC_ASK_MS,
+    SEMANTIC_PAUSE_MS,
+    ScoreTurn,
+    TurnDetector,
+)
 from duplex.transport.core import MediaClock, json_object
 from duplex.transport.effects import (
     CloseConnection,
@@ -52,7 +58,9 @@ from duplex.transport.effects import (
     EnginePush,
     EngineSetDuplex,
     InterruptionJudged,
+    ScoreTurnEnd,
     Send,
+    TurnEnded,
     VadFeed,
 )
 from duplex.transport.twilio import schema
@@ -114,6 +122,7 @@ class Notice:
 Effect = (
     Send | EnginePush | EngineCommit | EngineCancel | VadFeed | CloseConnection
     | Rejected | DtmfReceived | BargedIn | Notice | EngineSetDuplex | InterruptionJudged
+    | ScoreTurnEnd | TurnEnded
 )
 
 
@@ -124,8 +133,17 @@ class Options:
     end_call_digit: str = ""
     """A DTMF digit that ends the call; empty for none."""
     vad_threshold: float = 0.5
+    turn_detection: str = "semantic_vad"
+    """semantic_vad: at a 200 ms pause the end-of-turn model judges whether the caller has
+    finished, and `eagerness`'s longest wait ends the turn if it never says so; server_vad:
+    `silence_ms` of silence ends it."""
+    eagerness: str = "auto"
     silence_ms: int = 500
-    """Silence after speech that ends the caller's turn."""
+    """server_vad's silence after speech that ends the caller's turn."""
+    prefix_padding_ms: int = 300
+    """The model hears a turn from its speech onset less this."""
+    turn_model: bool = False
+    """The server has the end-of-turn model (without it semantic_vad falls back to server_vad)."""
     duplex: bool = False
     """Run the call natively full duplex (a model with a duplex mode), not turn by turn."""
     min_interruption_ms: int = 400
@@ -135,7 +153,22 @@ class Options:
     noise_reduction: str | None = None
     """The echo guard's strength: None, near_field or far_field (duplex.media.echo)."""
 
+    def detector(self) -> TurnDetector:
+        semantic = self.turn_detection == "semantic_vad" and self.turn_model
+        wait_ms = EAGERNESS_WAIT_MS[self.eagerness] if semantic else self.silence_ms
+        return TurnDetector(threshold=self.vad_threshold,
+                            silence_samples=wait_ms * RATE // 1000,
+                            prefix_samples=self.prefix_padding_ms * RATE // 1000,
+                            pause_samples=SEMANTIC_PAUSE_MS * RATE // 1000 if semantic else None,
+                            ask_samples=SEMANTIC_ASK_MS * RATE // 1000 if semantic else None)
+
     def __post_init__(self) -> None:
+        if self.turn_detection not in ("semantic_vad", "server_vad"):
+            raise ValueError(f"turn_detection must be semantic_vad or server_vad, "
+                             f"not {self.turn_detection!r}")
+        if self.eagerness not in EAGERNESS_WAIT_MS:
+            raise ValueError(f"eagerness must be one of {list(EAGERNESS_WAIT_MS)}, "
+                             f"not {self.eagerness!r}")
         if self.noise_reduction not in STRENGTHS:
             raise ValueError(f"noise_reduction must be one of {list(STRENGTHS)}, "
                              f"not {self.noise_reduction!r}")
@@ -176,8 +209,7 @@ class TwilioProtocol:
             session_id, rate=RATE, model_input_rate=model_input_rate,
             model_output_rate=model_output_rate,
             lead_samples=self.options.output_lead_ms * RATE // 1000,
-            detector=TurnDetector(threshold=self.options.vad_threshold,
-                                  silence_samples=self.options.silence_ms * RATE // 1000),
+            detector=self.options.detector(),
             resends=True,
         )
         self.core = self.clock.core
@@ -186,6 +218,7 @@ class TwilioProtocol:
         self.core.handle(cmd.SetInterruption(o.min_interruption_ms * RATE // 1000,
                                              o.resume_gap_ms * RATE // 1000))
         self.clock.guard.set_strength(o.noise_reduction)
+        self.clock.gate.enabled = True
         self.stream: schema.StartBody | None = None
         self.last_seq = 0
         self.reply: Reply | None = None
@@ -261,6 +294,8 @@ class TwilioProtocol:
                           f"tracks {msg.start.tracks}, parameters {msg.start.customParameters}"))
         if self.options.duplex:
             self.duplex = True
+            # The model hears the whole call, on its own frame clock.
+            self.clock.gate.enabled = False
             out.append(EngineSetDuplex(True))
             self._start_reply(out, commit=False)
 
@@ -366,14 +401,31 @@ class TwilioProtocol:
                 # epoch bump, flush, transcript cut at the last echoed mark).
                 self._judge(out, self.core.handle(command))
             elif isinstance(command, cmd.SpeechStopped):
-                events = self.core.handle(command)
-                self._judge(out, events)
-                if any(isinstance(e, ev.UserTurnEnded) for e in events):
-                    out.append(Notice(f"speech stopped at sample {command.at_sample}"))
-                    self._start_reply(out)
+                self._speech_stopped(out, command)
+            elif isinstance(command, ScoreTurn):
+                out.append(self.clock.score_request(command))
             else:
                 self._judge(out, self.core.handle(command))
+        out += self.clock.released_input()
         return out
+
+    def on_turn_score(self, request: int, complete: float | None) -> list[Effect]:
+        """The end-of-turn model's answer for a pause: a complete turn ends now."""
+        out: list[Effect] = []
+        if not (self.closed or self.stream is None or self.duplex):
+            stopped = self.clock.turn_scored(request, complete)
+            if stopped is not None:
+                self._speech_stopped(out, stopped)
+        return out
+
+    def _speech_stopped(self, out: list[Effect], stopped: cmd.SpeechStopped) -> None:
+        events = self.core.handle(stopped)
+        self._judge(out, events)
+        if any(isinstance(e, ev.UserTurnEnded) for e in events):
+            out.append(Notice(f"speech stopped at sample {stopped.at_sample} "
+                              f"(turn ended by {stopped.ended_by})"))
+            out.append(TurnEnded(stopped.ended_by))
+            self._start_reply(out)
 
     def _judge(self, out: list[Effect], events: list[ev.Event]) -> None:
         barged: BargedIn | None = None
@@ -412,6 +464,7 @@ class TwilioProtocol:
         self.reply = Reply(started.epoch)
         out.append(Notice(f"response {started.response_id} started in epoch {started.epoch}"))
         if commit:
+            out += self.clock.commit_input()
             out.append(EngineCommit(started.epoch))
 
     def _apply_core_events(self, out: list[Effect], events: list[ev.Event]) -> None:
@@ -461,6 +514,7 @@ class TwilioProtocol:
         """No room for one more duplex session: the call goes on turn by turn."""
         out: list[Effect] = [Notice(f"duplex refused, taking turns: {message}")]
         self.duplex = False
+        self.clock.gate.enabled = True
         self._apply_core_events(out, self.core.handle(cmd.Cancel("duplex_refused")))
         return out
 

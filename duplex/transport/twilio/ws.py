@@ -39,7 +39,8 @@ class TwilioSession(SessionLoop):
         session_id = session_id or "call_" + secrets.token_hex(8)
         # A duplex default names the model; one without a duplex mode takes turns.
         native = engine.model.duplex_delay_frames is not None
-        options = replace(options, duplex=options.duplex and native)
+        options = replace(options, duplex=options.duplex and native,
+                          turn_model=vad.turn_end is not None)
         protocol = TwilioProtocol(
             session_id,
             model_input_rate=engine.model.input_rate,

@@ -19,11 +19,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from duplex.access.auth import Principal
 from duplex.access.errors import error_response
 from duplex.access.limits import OverLimit, Place
 from duplex.engine import AdmissionRefused
 from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.transport.realtime.session import RealtimeSession
+from duplex.transport.sideband import Sidebands
 from duplex.transport.webrtc.ice import offer_host_addresses
 from duplex.transport.webrtc.media import ReplyTrack, read_audio, read_video
 from duplex.transport.webrtc.offer import offer_problem
@@ -55,17 +57,35 @@ class PeerConnection(RTCPeerConnection):
 
 
 class Call:
+    """One WebRTC call; sidebands attach to it by its id (duplex.transport.sideband)."""
+
     def __init__(self, call_id: str, pc: PeerConnection, session: RealtimeSession,
-                 track: ReplyTrack) -> None:
+                 track: ReplyTrack, owner: str) -> None:
         self.id = call_id
         self.pc = pc
         self.session = session
         self.track = track
+        self.owner = owner
+        self.sidebands = Sidebands()
         self.channel = None
         self.pending: list[str] = []
         self.tasks: list[asyncio.Task] = []
+        self.started = False
+        """The session has sent its first event (session.created)."""
+
+    def attached_event(self) -> str | None:
+        # Before the session starts, a sideband gets its own session.created with everyone.
+        return json.dumps(self.session.protocol.attached()) if self.started else None
+
+    def feed_text(self, text: str) -> None:
+        self.session.feed_text(text)
+
+    def feed_bytes(self, data: bytes) -> None:
+        self.session.feed_bytes(data)
 
     async def send_text(self, text: str) -> None:
+        self.started = True
+        self.sidebands.publish(text)
         # Events can come before the browser's data channel opens; they wait for it.
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(text)
@@ -122,8 +142,8 @@ class CallRegistry:
         if problem := offer_problem(sdp):
             return error_response(400, "invalid_offer", f"The SDP offer was refused: {problem}.", "sdp")
 
-        principal = request.scope.get("state", {}).get("principal")
-        key_id = principal.key_id if principal is not None else "anonymous"
+        principal = request.scope.get("state", {}).get("principal") or Principal("anonymous")
+        key_id = principal.key_id
         quota = seat = None
         if self.admission is not None:
             try:
@@ -134,7 +154,8 @@ class CallRegistry:
             quota = self.admission.quota(key_id)
         try:
             duplex_events = request.query_params.get("duplex_events", "").lower() in ("1", "true")
-            response = await self._create(sdp, session_config, quota, seat, duplex_events)
+            response = await self._create(sdp, session_config, quota, seat, duplex_events,
+                                          principal)
         except BaseException:
             self._leave(seat)
             raise
@@ -146,7 +167,8 @@ class CallRegistry:
                         duplex_events: bool = False) -> Response:
         """A call from an SDP offer, as the endpoint opens one but outside any key's limits:
         for peers in this process (the bench's listeners)."""
-        return await self._create(sdp, session_config, None, None, duplex_events)
+        return await self._create(sdp, session_config, None, None, duplex_events,
+                                  Principal("anonymous"))
 
     @staticmethod
     async def _read_form(request: Request) -> tuple[str, dict | None] | Response:
@@ -177,7 +199,7 @@ class CallRegistry:
             self.admission.leave(seat)
 
     async def _create(self, sdp: str, session_config, quota, seat: Place | None,
-                      duplex_events: bool) -> Response:
+                      duplex_events: bool, principal: Principal) -> Response:
         call_id = "rtc_" + secrets.token_hex(8)
         pc = PeerConnection(self._configuration())
         track = ReplyTrack()
@@ -190,9 +212,13 @@ class CallRegistry:
             self.engine_getter(), self.vad_getter(), self.limits, self.model_name, send_text,
             media=track, video_interval_samples=int(RATE / self.settings.video_fps), quota=quota,
             transcriber=self.transcriber_getter(), duplex_events=duplex_events,
-            duplex_default=self.duplex_default,
+            duplex_default=self.duplex_default, session_id=principal.session_id,
         )
-        call = Call(call_id, pc, session, track)
+        if principal.session:
+            # An ephemeral key's settings (validated when it was minted): session.created
+            # shows them.
+            session.protocol.configure(principal.session)
+        call = Call(call_id, pc, session, track, principal.key_id)
         holder["call"] = call
         try:
             session.open()
@@ -242,6 +268,7 @@ class CallRegistry:
 
         self.calls[call_id] = call
         self.hub.add(session.session_id, session.shutdown)
+        self.hub.calls[call_id] = call
         if session_config is not None:
             session.feed_text(json.dumps({"type": "session.update", "session": session_config}))
         call.tasks.append(asyncio.create_task(self._serve(call, seat)))
@@ -258,6 +285,8 @@ class CallRegistry:
             await call.session.run()
         finally:
             self.calls.pop(call.id, None)
+            self.hub.calls.pop(call.id, None)
+            call.sidebands.close()
             try:
                 await self._tear_down(call)
             finally:
@@ -282,7 +311,9 @@ class CallRegistry:
 
     async def hangup(self, request: Request) -> Response:
         call = self.calls.get(request.path_params["call_id"])
-        if call is None:
+        principal = request.scope.get("state", {}).get("principal") or Principal("anonymous")
+        # Another key's call does not exist for it, as for a sideband.
+        if call is None or call.owner != principal.key_id:
             return error_response(404, "call_not_found", "No such call.")
         call.session.carrier_gone()
         return JSONResponse({})
