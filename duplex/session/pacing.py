@@ -28,7 +28,9 @@ class OutputPacer(Generic[P]):
                  keep_unheard: bool = False) -> None:
         self.lead_samples = lead_samples
         self.frame_samples = frame_samples
-        """Audio is released in whole frames of this many samples (from each chunk's start)."""
+        """Audio is released in whole frames of this many samples, on the output clock's grid
+        (a reply at another speed has chunks of any length: the grid keeps what the listener
+        holds whole frames all the same)."""
         self.keep_unheard = keep_unheard
         self._queue: deque[tuple[OutputChunk, P]] = deque()
         self._unheard: deque[tuple[OutputChunk, P]] = deque()
@@ -102,7 +104,7 @@ class OutputPacer(Generic[P]):
             chunk, payload = self._queue[0]
             if chunk.start_sample >= played + lead:
                 break
-            n = -(-(played + lead - chunk.start_sample) // frame) * frame
+            n = -(-(played + lead) // frame) * frame - chunk.start_sample
             if n < chunk.n_samples:
                 piece, self._queue[0] = _split(chunk, payload, n)
             else:

@@ -125,10 +125,11 @@ async def test_a_speakerphone_call_hears_whole_replies_through_a_burst_and_is_cu
     assert_heard_whole(heard)
 
     # The second was cut by the caller's speech: the clear came at the pause, shortly after
-    # its onset, and the phone played nothing of the reply past it.
+    # its onset, and the phone played nothing of the reply past it (a loaded host may have let
+    # it run dry just before).
     speech_clear = peer.clock(peer.clears[len(burst_clears)])
-    stop = peer.playout.stopped(onset, reply)
-    assert stop == speech_clear < onset + PAUSE_WITHIN_S * RATE
+    stop = max(s.end for s in peer.playout.segments if s.tag == reply)
+    assert stop <= speech_clear < onset + PAUSE_WITHIN_S * RATE
     print(f"speech over the echo: the caller heard the reply until {1000 * (stop - onset) / RATE:.0f}"
           " ms after its onset")
     # The speech was the one real interruption: neither the burst nor the echo cut a reply.
