@@ -6,7 +6,8 @@ for the reply to play 0.4-0.8 s, and talks over it: in turn a cough (a 150 ms vo
 pauses the reply and should let it resume) and a sentence (which cuts it and is the next turn).
 Figures, per transport: from the first sample of the interrupting sound to the last sample of
 the reply the listener played (`stop_ms`); for WebRTC also net of the peer's own receive path
-(aiortc's jitter buffer and the codec, measured frame by frame in the same run); when the pause
+(from the server's track sending a frame to the peer playing it: aiortc's jitter buffer, the
+codec and the peer's playout, measured frame by frame in the same run); when the pause
 reached the peer; whether a coughed-over reply resumed and was heard whole. Every transport's
 sessions run in turn against one engine, in this process, in real time.
 """
@@ -200,6 +201,7 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
     }
     if transport == "webrtc":
         report["path_ms"] = percentiles([x for p in peers for x in p.paths_ms])
+        report["receive_ms"] = percentiles([x for p in peers for x in p.receive_ms])
         report["net_stop_ms"] = percentiles([j["net_stop_ms"] for j in judged
                                              if "net_stop_ms" in j])
     return report
@@ -257,6 +259,7 @@ def table(report: dict) -> str:
     row("  over a cough", lambda m: pqn(m["cough_stop_ms"]))
     row("  over speech", lambda m: pqn(m["speech_stop_ms"]))
     row("peer's own receive path ms p50/p95", lambda m: pqn(m.get("path_ms")))
+    row("  of it, up to aiortc's output", lambda m: pqn(m.get("receive_ms")))
     row("onset -> pause seen at the peer ms", lambda m: pqn(m["pause_ms"]))
     row("talked over with no pause", lambda m: str(m["unpaused"]))
     row("coughs: resumed / heard whole / all",

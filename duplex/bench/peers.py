@@ -285,11 +285,16 @@ class WebRTCPeer(Peer):
         self.sent: list[tuple[float, int]] = []
         """The server's reply track, frame by frame: (when it sent it, output position played
         after it)."""
-        self.frames: dict[int, tuple[int, float]] = {}
+        self.frames: dict[int, tuple[int, int]] = {}
         """Playout start (clock sample) of each reply frame -> (its index on the server's
-        track, when it was received)."""
+        track, the clock sample at which the track sent it)."""
         self.paths_ms: list[float] = []
-        """Server's track to this peer's playout, for every frame of reply audio."""
+        """The server's track to this peer's loudspeaker, for every frame of reply audio: its
+        own receive path, all of it (what aiortc holds and decodes, and what its playout
+        holds: a frame that comes while the one before still plays waits for it, as in a
+        browser's buffer, and a loaded host's bursts of frames leave it holding more)."""
+        self.receive_ms: list[float] = []
+        """The part of it up to aiortc's hands (its jitter buffer and the codec)."""
 
     async def start(self) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -330,8 +335,9 @@ class WebRTCPeer(Peer):
             sent = int((self.sent[k][0] - self.t0) * self.rate) if k < len(self.sent) else now
             start = self.playout.push(now, pcm, reply, sent)
             if reply is not None:
-                self.frames[start] = (k, received)
-                self.paths_ms.append((received - self.sent[k][0]) * 1000)
+                self.frames[start] = (k, sent)
+                self.paths_ms.append((start - sent) * 1000 / self.rate)
+                self.receive_ms.append((received - self.sent[k][0]) * 1000)
 
     def _reply_in(self, k: int) -> int | None:
         """The reply whose audio server frame `k` carried (its id on the session core)."""
@@ -354,10 +360,11 @@ class WebRTCPeer(Peer):
         return carried * self.rate // 24000
 
     def path_ms(self, stop: int) -> float | None:
-        """The receive path of the reply frame that ended at clock sample `stop`."""
-        for start, (k, received) in self.frames.items():
+        """The receive path (the server's track to the loudspeaker) of the reply frame that
+        ended at clock sample `stop`."""
+        for start, (_, sent) in self.frames.items():
             if start < stop <= start + self.frame:
-                return (received - self.sent[k][0]) * 1000
+                return (start - sent) * 1000 / self.rate
         return None
 
     async def close(self) -> None:
