@@ -190,6 +190,9 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
         "sessions": sessions,
         "barge_ins": len(judged),
         "stop_ms": percentiles([j["stop_ms"] for j in judged]),
+        # A sound the server never took for speech (a cough silero let pass) paused nothing:
+        # the reply played on to its end, which says nothing of how soon a pause stops it.
+        "paused_stop_ms": percentiles([j["stop_ms"] for j in judged if j["paused"]]),
         "cough_stop_ms": percentiles([j["stop_ms"] for j in coughs]),
         "speech_stop_ms": percentiles([j["stop_ms"] for j in judged if j["kind"] == "speech"]),
         "pause_ms": percentiles([j["pause_ms"] for j in judged if "pause_ms" in j]),
@@ -204,6 +207,8 @@ async def run_transport(transport: str, engine, vad: VadService, sessions: int,
         report["receive_ms"] = percentiles([x for p in peers for x in p.receive_ms])
         report["net_stop_ms"] = percentiles([j["net_stop_ms"] for j in judged
                                              if "net_stop_ms" in j])
+        report["paused_net_stop_ms"] = percentiles([j["net_stop_ms"] for j in judged
+                                                    if "net_stop_ms" in j and j["paused"]])
     return report
 
 
@@ -256,6 +261,8 @@ def table(report: dict) -> str:
     row("sessions", lambda m: str(m["sessions"]))
     row("onset -> last reply sample heard, ms p50/p95 (n)", lambda m: pqn(m["stop_ms"]))
     row("  net of the peer's receive path", lambda m: pqn(m.get("net_stop_ms")))
+    row("  where the reply paused", lambda m: pqn(m["paused_stop_ms"]))
+    row("    net of the peer's receive path", lambda m: pqn(m.get("paused_net_stop_ms")))
     row("  over a cough", lambda m: pqn(m["cough_stop_ms"]))
     row("  over speech", lambda m: pqn(m["speech_stop_ms"]))
     row("peer's own receive path ms p50/p95", lambda m: pqn(m.get("path_ms")))
