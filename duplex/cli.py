@@ -119,6 +119,10 @@ def _bench(args: argparse.Namespace) -> int:
         return run_cli(args, settings, model)
     if args.turns:
         return _bench_turns(args, settings, model)
+    if args.listener:
+        from duplex.bench.listener import run_cli as run_listener
+
+        return run_listener(args, settings, model)
     report = bench(
         model,
         settings.model.cache_dir,
@@ -408,6 +412,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="with --mode duplex: one session for STEPS frames on a simulated clock, reporting "
         "the bytes it holds (flat once the model's windows fill)",
+    )
+    bench.add_argument(
+        "--listener",
+        action="store_true",
+        help="measure at listeners that play what they receive in real time, per transport: "
+        "how long they go on hearing a reply after talking over it (a cough, then a sentence, "
+        "in turn), and whether a coughed-over reply resumes whole",
+    )
+    bench.add_argument(
+        "--transports",
+        default="twilio,webrtc,websocket,websocket_paused",
+        metavar="LIST",
+        help="with --listener: which transports, comma-separated (default all): twilio, webrtc, "
+        "websocket (a client that flushes its playout at speech_started), websocket_paused "
+        "(one that also pauses it at duplex.output.paused)",
     )
     bench.add_argument(
         "--turns",

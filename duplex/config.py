@@ -95,8 +95,10 @@ class RealtimeSettings(_Section):
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_input_lead_ms: int = Field(5000, ge=100)
     """Appended audio may run this far ahead of real time; beyond it appends are refused."""
-    output_lead_ms: int = Field(200, ge=0, le=2000)
-    """Reply audio is sent at most this far ahead of the listener's playback."""
+    output_lead_ms: int = Field(100, ge=0, le=2000)
+    """Reply audio is sent at most this far ahead of the listener's playback: what a WebSocket
+    client still plays after a pause (it owns its playout), and its cushion against the
+    server's stalls."""
     max_errors: int = Field(100, ge=1)
     """Errors one connection may cause before it is closed with 1008."""
     mcp_timeout_s: float = Field(30.0, gt=0, le=600)
@@ -117,6 +119,9 @@ class WebRTCSettings(_Section):
     """STUN/TURN servers for real deployments, e.g. {urls = "turn:turn.example:3478", ...}."""
     video_fps: float = Field(2.0, gt=0, le=30)
     """Camera frames per second sampled (by timestamp) into the vision encoder."""
+    output_lead_ms: int = Field(200, ge=0, le=2000)
+    """Reply audio is queued on a call's track at most this far ahead of what it has played: a
+    cushion against the server's stalls (a pause holds the track at once, whatever it holds)."""
 
 
 class TelephonySettings(_Section):

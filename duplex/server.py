@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -182,7 +183,8 @@ def create_app(settings: Settings) -> Starlette:
         mcp_timeout_s=rs.mcp_timeout_s,
     )
     calls = CallRegistry(
-        lambda: parts["engine"], lambda: parts["vad"], limits, settings.model.name, hub,
+        lambda: parts["engine"], lambda: parts["vad"],
+        replace(limits, output_lead_ms=settings.webrtc.output_lead_ms), settings.model.name, hub,
         settings.webrtc, admission=gate.admission, transcriber_getter=lambda: parts["transcriber"],
         duplex_default=duplex_default,
     )

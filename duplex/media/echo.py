@@ -101,10 +101,13 @@ class EchoGuard:
 
     def played(self, start_sample: int, pcm: np.ndarray) -> None:
         """Reply audio from `start_sample` on the output clock went to the listener."""
-        # A cut output track is written again from the cut: what was there never played.
+        # A cut output track is written again from the cut: what was there never played. And
+        # what is written behind the reference's cursor plays from there on (a resend after a
+        # Twilio clear goes back over what may have played): the reference follows it.
         while self._output and self._output[-1][0] >= start_sample:
             self._output.pop()
         self._output.append((start_sample, np.asarray(pcm, np.float32)))
+        self._ref_cursor = min(self._ref_cursor, start_sample)
         while self._output and self._output[0][0] < start_sample - _KEPT_OUTPUT_S * self.clock_rate:
             self._output.popleft()
 

@@ -70,12 +70,15 @@ def json_object(text: str) -> dict[str, Any] | str:
 class MediaClock:
     def __init__(self, session_id: str, *, rate: int, model_input_rate: int,
                  model_output_rate: int, lead_samples: int, detector: TurnDetector,
-                 video_interval_samples: int | None = None) -> None:
+                 video_interval_samples: int | None = None, resends: bool = False) -> None:
         self.rate = rate
         self.core = Session(session_id,
                             video_interval_samples=video_interval_samples or rate // 2)
         self.detector = detector
-        self.pacer: OutputPacer[Any] = OutputPacer(lead_samples)
+        # 20 ms frames, as phones and WebRTC play them. `resends`: the carrier can drop what it
+        # holds and have it sent again (Twilio's clear), so released audio is kept until heard.
+        self.pacer: OutputPacer[Any] = OutputPacer(lead_samples, rate // 50,
+                                                   keep_unheard=resends)
         self.model_output_rate = model_output_rate
         # A resume on another node re-primes it from its saved state and it goes on sample for
         # sample, so the model hears what an uninterrupted session's would.

@@ -138,6 +138,17 @@ class FlushAudio:
 
 
 @dataclass(frozen=True)
+class HoldAudio:
+    """Stop playing the media track's queued frames at once, keeping them (speech over the
+    reply, not yet judged)."""
+
+
+@dataclass(frozen=True)
+class ResumeAudio:
+    """Play the held frames on from where they stopped (a false interruption)."""
+
+
+@dataclass(frozen=True)
 class CloseConnection:
     code: int
     reason: str

@@ -2,9 +2,10 @@
 hears that playback again (delayed, attenuated, filtered), mixed with whatever its user says.
 
 Its clock is the wall clock in samples from its start: microphone frame i covers samples
-[i * FRAME, (i + 1) * FRAME) and is sent at that time; reply audio plays from when it arrives
-(or when the audio before it ends), as a browser's or a phone's buffer does, and stops at
-speech_started, as OpenAI's clients stop their own playback.
+[i * FRAME, (i + 1) * FRAME) and is sent at that time; reply audio plays on that clock
+(duplex.bench.playout) from when it arrives (or when the audio before it ends), as a browser's
+or a phone's buffer does, and what has not played is dropped at speech_started, as LiveKit,
+Pipecat and the OpenAI Agents SDK drop their own playback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import numpy as np
 import soxr
 
+from duplex.bench.playout import Playout
 from tests.transcription.fixtures import speak
 from tests.waiting import eventually
 
@@ -41,9 +43,8 @@ class EchoingClient:
         self.ws = ws
         self.delay = delay_ms * RATE // 1000
         self.gain = 10 ** (gain_db / 20)
-        self.speaker = np.zeros(int(seconds * RATE), np.float32)
-        """What the loudspeaker plays, by clock sample."""
-        self.speaker_end = 0
+        self.playout = Playout()
+        """What the loudspeaker plays, on this clock, by reply."""
         self.user = np.zeros(int(seconds * RATE), np.float32)
         """What the user says, by clock sample."""
         self.frames_sent = 0
@@ -80,10 +81,7 @@ class EchoingClient:
             i = self.frames_sent
             await asyncio.sleep(max(0.0, (i + 1) * FRAME_S - self.now()))
             a, b = i * FRAME, (i + 1) * FRAME
-            lo = a - self.delay - len(LOUDSPEAKER) + 1
-            heard = self.speaker[max(0, lo) : max(0, b - self.delay)]
-            heard = np.concatenate([np.zeros(FRAME + len(LOUDSPEAKER) - 1 - len(heard), np.float32),
-                                    heard])
+            heard = self.playout.between(a - self.delay - len(LOUDSPEAKER) + 1, b - self.delay)
             echo = np.convolve(heard, LOUDSPEAKER, mode="valid") * self.gain
             await self.send(type="input_audio_buffer.append",
                             audio=base64.b64encode(pcm16(self.user[a:b] + echo)).decode())
@@ -98,14 +96,10 @@ class EchoingClient:
                 audio = base64.b64decode(event["delta"])
                 self.deltas.append((now, event["response_id"], audio))
                 pcm = np.frombuffer(audio, "<i2").astype(np.float32) / 32768
-                at = max(self.speaker_end, int(now * RATE))
-                self.speaker[at : at + len(pcm)] = pcm[: len(self.speaker) - at]
-                self.speaker_end = at + len(pcm)
+                self.playout.push(int(now * RATE), pcm, event["response_id"])
             elif event["type"] == "input_audio_buffer.speech_started":
                 # What plays after now never will: the client drops its buffer.
-                cut = int(now * RATE)
-                self.speaker[cut:] = 0
-                self.speaker_end = cut
+                self.playout.clear(int(now * RATE))
 
     async def wait_for(self, type_: str, after: float = 0.0, timeout_s: float = 30.0,
                        **match) -> tuple[float, dict]:

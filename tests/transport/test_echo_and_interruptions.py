@@ -12,6 +12,7 @@ import websockets
 
 from tests.transcription.fixtures import TEXTS, have_espeak
 from tests.transport.echoing_client import RATE, EchoingClient, pcm16, utterance
+from tests.transport.hearing import assert_heard_whole, hearing, played_parts
 
 MIN_INTERRUPTION_S = 0.4
 PAUSE_WITHIN_S = 0.6
@@ -85,6 +86,10 @@ async def test_speakerphone_echo_never_interrupts_a_burst_pauses_and_speech_cuts
             [(gap_from, gap_to)] = c.delivery_gaps(r["reply1"])
             assert gap_from <= paused_t + 0.1 and gap_to > r["burst_at"] + 0.15
         assert pcm16(r["first"]) in c.reply_audio(r["reply1"])
+        # And the listener played all of it, in one part or two around the burst's pause.
+        parts = played_parts(c.playout, r["reply1"])
+        assert len(parts) == (1 if r["burst_at"] is None else 2)
+        assert_heard_whole(hearing(parts, r["first"], RATE))
         words = r["done1"]["response"]["output"][0]["content"][0]["transcript"].split()
         assert len(c.reply_audio(r["reply1"])) // 2 == pytest.approx(len(words) * 1920, abs=1920)
 
@@ -93,7 +98,9 @@ async def test_speakerphone_echo_never_interrupts_a_burst_pauses_and_speech_cuts
         assert r["done2"]["response"]["status_details"]["reason"] == "turn_detected"
         onset = r["onset"]
         last_audio = max(t for t, rid, _ in c.deltas if rid == r["reply2"])
-        print(f"speech over echo: last audio {1000 * (last_audio - onset):.0f} ms, cut "
+        stop = c.playout.stopped(int(onset * RATE), r["reply2"])
+        print(f"speech over echo: last audio sent {1000 * (last_audio - onset):.0f} ms, last "
+              f"played {1000 * (stop / RATE - onset):.0f} ms, cut "
               f"{1000 * (r['t_done2'] - onset):.0f} ms after its onset")
         assert last_audio < onset + PAUSE_WITHIN_S
         assert onset + MIN_INTERRUPTION_S <= r["t_done2"] < onset + MIN_INTERRUPTION_S + 1.0

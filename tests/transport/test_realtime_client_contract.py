@@ -20,7 +20,7 @@ MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "whisper-t
 def make(beta=False, **kwargs):
     kwargs.setdefault("transcription_models", MODELS)
     p = RealtimeProtocol("sess_t", model="echo", model_input_rate=24000, model_output_rate=24000,
-                         beta=beta, limits=Limits(max_errors=1000), **kwargs)
+                         beta=beta, limits=Limits(max_errors=1000, output_lead_ms=200), **kwargs)
     p.start()
     return p
 

@@ -2,10 +2,21 @@
 (`turn_detection.min_interruption_ms`) and of `audio.input.noise_reduction`, driven directly."""
 
 
+import base64
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
-from duplex.transport.effects import EngineCancel, EngineCommit, InterruptionJudged
+from duplex.transport.effects import (
+    EngineCancel,
+    EngineCommit,
+    FlushAudio,
+    HoldAudio,
+    InterruptionJudged,
+    PlayAudio,
+    ResumeAudio,
+)
 from duplex.transport.realtime.protocol import Limits, RealtimeProtocol
 from duplex.transport.realtime.session_config import DEFAULT_MIN_INTERRUPTION_MS
 from tests.transport.test_realtime_client_contract import send, sent, types
@@ -62,6 +73,25 @@ def test_a_cough_pauses_the_reply_and_it_resumes_where_it_stopped():
     transcript = done[0]["response"]["output"][0]["content"][0]["transcript"]
     assert transcript == "".join(f"w{i} " for i in range(25))
     assert (p.core.interruptions, p.core.false_interruptions) == (0, 1)
+
+
+def test_on_a_media_track_the_pause_holds_what_the_track_has_a_cough_resumes_it_speech_flushes():
+    p = RealtimeProtocol("sess_t", model="echo", model_input_rate=24000, model_output_rate=24000,
+                         limits=Limits(output_lead_ms=200), media_track=True)
+    p.start()
+    send(p, type="session.update", session={"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "min_interruption_ms": 300}}}})
+    replying(p)
+    assert [e for e in p.release_output(0) if isinstance(e, PlayAudio)]
+    # The track stops playing what it holds as the reply pauses, not only what would come.
+    effects = p.on_vad([SPEECH] * 4)
+    assert HoldAudio() in effects and not [e for e in effects if isinstance(e, FlushAudio)]
+    effects = p.on_vad([QUIET] * 7)
+    assert ResumeAudio() in effects
+    # Speech that lasts: held at its onset, then the track's frames are dropped.
+    assert HoldAudio() in p.on_vad([SPEECH])
+    effects = p.on_vad([SPEECH] * 9)
+    assert FlushAudio() in effects and ResumeAudio() not in effects
 
 
 def test_speech_that_lasts_cancels_the_reply_and_is_announced_from_its_onset():
@@ -132,3 +162,41 @@ def test_beta_spelling_selects_the_guard_too(beta_field, value):
     p.start()
     send(p, type="session.update", session={beta_field: value})
     assert p.clock.guard.strength_name == "near_field"
+
+
+def _reply_at(speed: float, cough: bool) -> tuple[np.ndarray, list[int]]:
+    """A 2 s reply of a tone at `speed`, released every 20 ms with a 200 ms lead (a cough over
+    it 300 ms in, if asked): all the audio the client got, and where each release ended."""
+    p = make({"type": "server_vad", "min_interruption_ms": 300})
+    send(p, type="session.update", session={"audio": {"output": {"speed": speed}}})
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(1920) / 24000)).astype(np.float32)
+    effects = p.on_vad([SPEECH] * 10 + [QUIET] * 20)
+    epoch = next(e.epoch for e in effects if isinstance(e, EngineCommit))
+    for i in range(25):
+        p.on_engine_audio(epoch, tone, f"w{i} ")
+    p.on_engine_finished(epoch)
+    pcm, ends = [], []
+    for now in range(0, 4 * 24_000, 480):
+        released = [np.frombuffer(base64.b64decode(e["delta"]), "<i2")
+                    for e in deltas(p.release_output(now))]
+        if released:
+            pcm += released
+            ends.append(sum(map(len, pcm)))
+        if cough and now == 7200:
+            assert types(p.on_vad([SPEECH] * 4)) == ["duplex.output.paused"]
+        if cough and now == 12_000:
+            assert types(p.on_vad([QUIET] * 7)) == ["duplex.output.resumed"]
+    return np.concatenate(pcm), ends
+
+
+def test_at_another_speed_the_reply_goes_out_in_whole_frames_and_a_cough_loses_nothing():
+    """The tempo comes before the pacing: frames, the lead and the pause count the listener's
+    time, whatever length the chunks come out at."""
+    heard, ends = _reply_at(1.5, cough=False)
+    assert len(heard) == pytest.approx(2 * 24_000 / 1.5, rel=0.05)
+    # Every release ends on the 20 ms grid (but the reply's last), the first at the lead, and
+    # then a frame at a time.
+    assert all(end % 480 == 0 for end in ends[:-1])
+    assert ends[0] == 4800 and all(b - a == 480 for a, b in pairwise(ends[:-1]))
+    coughed, _ = _reply_at(1.5, cough=True)
+    assert np.array_equal(coughed, heard)

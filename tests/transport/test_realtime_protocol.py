@@ -150,9 +150,11 @@ def test_output_is_paced_with_a_bounded_lead_and_cancel_flushes_it():
     for _ in range(25):  # 2 s of reply in 80 ms frames
         p.on_engine_audio(epoch, np.zeros(1920, np.float32), "w ")
     deltas = [e for e in sent(p.release_output(0)) if e["type"] == "response.output_audio.delta"]
-    assert len(deltas) == 3  # 0, 80 and 160 ms start within the 200 ms lead
+    # The 200 ms lead: the chunks at 0 and 80 ms, and the first 40 ms of the one at 160 ms.
+    assert [len(base64.b64decode(e["delta"])) // 2 for e in deltas] == [1920, 1920, 960]
     deltas = [e for e in sent(p.release_output(4800)) if e["type"] == "response.output_audio.delta"]
-    assert len(deltas) == 2  # 200 ms later: the frames starting at 240 and 320 ms
+    # 200 ms later, up to the lead again: the rest of that chunk, and those at 240 and 320 ms.
+    assert [len(base64.b64decode(e["delta"])) // 2 for e in deltas] == [960, 1920, 1920]
     assert p.core.played_samples == 4800
     effects = send(p, type="response.cancel")
     assert any(isinstance(e, EngineCancel) for e in effects)

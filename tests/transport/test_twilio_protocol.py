@@ -13,8 +13,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from duplex.bench.playout import Playout
 from duplex.config import Settings
-from duplex.media import ulaw_decode, ulaw_encode
+from duplex.media import float_to_g711, ulaw_decode, ulaw_encode
 from duplex.transport.effects import (
     CloseConnection,
     EngineCancel,
@@ -195,22 +196,24 @@ def test_media_feeds_the_engine_at_its_rate_and_the_vad_at_16k_without_delay():
     assert vad[0] >= 2 * FRAME - 8 and vad[1:] == [2 * FRAME] * 4
 
 
-def test_end_of_speech_starts_a_reply_sent_in_paced_20ms_frames_each_chunk_then_a_mark():
+def test_end_of_speech_starts_a_reply_sent_in_paced_20ms_frames_each_piece_then_a_mark():
     p, peer = started(output_lead_ms=200)
     epoch = in_reply(p, peer)
     for i in range(10):  # 80 ms chunks
         p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
     events = sent(p.release_output(0))
-    # 200 ms of lead: the chunks starting at 0, 80 and 160 ms go now.
-    assert [e["event"] for e in events] == (["media"] * 4 + ["mark"]) * 3
+    # 200 ms of lead, in whole frames: the chunks starting at 0 and 80 ms, and the first
+    # 40 ms of the one at 160 ms (not all of it: the phone holds no more than the lead).
+    assert [e["event"] for e in events] == (["media"] * 4 + ["mark"]) * 2 + ["media"] * 2 + ["mark"]
     assert all(e["streamSid"] == SID for e in events)
     payloads = [base64.b64decode(e["media"]["payload"]) for e in events if e["event"] == "media"]
     assert {len(x) for x in payloads} == {FRAME}
     assert abs(ulaw_decode(payloads[0]).astype(float).mean() / 32768 - 0.25) < 0.01
     marks = [e["mark"]["name"] for e in events if e["event"] == "mark"]
-    assert marks == [f"duplex.r0.e{epoch}.s{i}" for i in range(3)]
+    assert marks == [f"duplex.r0.e{epoch}.m{i}" for i in range(3)]
     assert not sent(p.release_output(0))
-    assert [e["event"] for e in sent(p.release_output(640))] == ["media"] * 4 + ["mark"]
+    # 80 ms on: the rest of that chunk, and the next up to the lead.
+    assert [e["event"] for e in sent(p.release_output(640))] == (["media"] * 2 + ["mark"]) * 2
     # Only Twilio's echoes move the watermark, however far the clock has run.
     assert p.core.played_samples == 0
     peer.mark(marks[0])
@@ -226,7 +229,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
         p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
     events = sent(p.release_output(0)) + sent(p.release_output(640))
     marks = [e["mark"]["name"] for e in events if e["event"] == "mark"]
-    assert len(marks) == 4
+    assert len(marks) == 5
     peer.mark(marks[0])
     peer.mark(marks[1])
 
@@ -242,7 +245,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     assert (reply["heard_samples"], reply["transcript"]) == (1280, "w0 w1 ")
 
     # Twilio echoes the marks the clear dropped: expected, and nothing moves.
-    assert not rejections(peer.mark(marks[2]) + peer.mark(marks[3]))
+    assert not rejections(peer.mark(marks[2]) + peer.mark(marks[3]) + peer.mark(marks[4]))
     assert p.core.played_samples == 1280 and p.responses()[0]["transcript"] == "w0 w1 "
     assert rejections(peer.mark(marks[3])) == ["unknown_mark"]
     # The cancelled reply's late audio never goes out.
@@ -256,7 +259,7 @@ def test_barge_in_clears_cancels_and_keeps_the_transcript_up_to_the_last_echoed_
     assert new_epoch == epoch + 1
     p.on_engine_audio(new_epoch, np.zeros(640, np.float32), "again ")
     events = sent(p.release_output(80_000))
-    assert events[-1]["mark"]["name"] == f"duplex.r1.e{new_epoch}.s10"
+    assert events[-1]["mark"]["name"] == f"duplex.r1.e{new_epoch}.m5"
     peer.mark(events[-1]["mark"]["name"])
     assert p.core.played_samples == 1280 + 640
 
@@ -277,38 +280,61 @@ def test_the_last_frame_is_padded_and_speech_over_the_unplayed_tail_still_clears
                                 "sent_samples": 0, "heard_samples": 0, "transcript": ""}
 
 
-def test_speech_over_a_reply_pauses_it_a_cough_resumes_it_and_a_sentence_clears_it():
+def media_sent(events) -> bytes:
+    return b"".join(base64.b64decode(e["media"]["payload"]) for e in events if e["event"] == "media")
+
+
+def test_speech_over_a_reply_clears_at_once_a_cough_resends_from_the_playhead_and_a_sentence_cuts():
     p, peer = started(output_lead_ms=200, min_interruption_ms=400, resume_gap_ms=200)
     epoch = in_reply(p, peer)
+    reply = np.sin(np.arange(6400) * 0.01).astype(np.float32) * 0.5
     for i in range(10):
-        p.on_engine_audio(epoch, np.full(640, 0.25, np.float32), f"w{i} ")
+        p.on_engine_audio(epoch, reply[640 * i : 640 * (i + 1)], f"w{i} ")
+    wire = float_to_g711(reply, "ulaw")
     first = sent(p.release_output(0))
+    assert media_sent(first) == wire[:1600]
     marks = [e["mark"]["name"] for e in first if e["event"] == "mark"]
+    # Twilio echoes the first mark as its playback reaches it, 80 ms in.
     peer.mark(marks[0])
+    more = sent(p.release_output(640))
+    assert media_sent(more) == wire[1600:2240]
+    marks += [e["mark"]["name"] for e in more if e["event"] == "mark"]
 
-    # A cough: one chunk of speech. Nothing more is sent (no clear: what Twilio holds plays).
+    # A cough 10 ms later: the reply pauses and Twilio's buffer is cleared at once.
     effects = p.on_vad([SPEECH])
-    assert not sent(effects) and not [e for e in effects if isinstance(e, EngineCancel)]
+    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    assert not [e for e in effects if isinstance(e, EngineCancel)]
+    assert not sent(p.release_output(720))
+    # Twilio echoes the marks the clear dropped: expected, and they move nothing.
+    assert not rejections([e for m in marks[1:] for e in peer.mark(m)])
+    assert p.core.played_samples == 640
     assert not sent(p.release_output(8000))
-    # Quiet after it until 400 ms from its onset: a false interruption, and the reply goes on
-    # from where it paused, on the same output track (the next chunk starts where the last
-    # one ended).
+    # Quiet after it until 400 ms from its onset: a false interruption. The reply goes on,
+    # in the same epoch, from where the caller's playback stood when the clear went (the
+    # echo at 640 and 10 ms of playback since): nothing lost, nothing twice.
     assert not p.on_vad([QUIET] * 11)
     effects = p.on_vad([QUIET])
     assert [e for e in effects if isinstance(e, InterruptionJudged)] == [InterruptionJudged(False)]
+    assert not [e for e in effects if isinstance(e, Send)]
     resumed = sent(p.release_output(8000))
-    names = [e["mark"]["name"] for e in resumed if e["event"] == "mark"]
-    assert names[0] == f"duplex.r0.e{epoch}.s3" and p.core.epoch == epoch
-    assert p.core.false_interruptions == 1
+    assert media_sent(resumed) == wire[720:2400]
+    # In frames on the output's 20 ms grid, the first short.
+    sizes = [len(base64.b64decode(e["media"]["payload"])) for e in resumed if e["event"] == "media"]
+    assert sizes == [80] + [FRAME] * 10
+    assert p.core.epoch == epoch and p.core.false_interruptions == 1
 
-    # Speech that lasts 400 ms cuts the reply as a barge-in always did.
-    effects = p.on_vad([SPEECH] * (400 * 8 // VAD_CHUNK_8K))
+    # Speech that lasts 400 ms cuts the reply: paused and cleared at its onset, cancelled
+    # once it has lasted, with no second clear (nothing was sent since the first).
+    effects = p.on_vad([SPEECH])
+    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
+    effects = p.on_vad([SPEECH] * (400 * 8 // VAD_CHUNK_8K - 1))
     assert not [e for e in effects if isinstance(e, EngineCancel)]
     effects = p.on_vad([SPEECH])
     assert [e for e in effects if isinstance(e, EngineCancel)] == [EngineCancel(epoch + 1)]
-    assert sent(effects) == [{"event": "clear", "streamSid": SID}]
-    assert InterruptionJudged(True) in effects
+    assert not sent(effects)
+    assert InterruptionJudged(True) in effects and BargedIn in map(type, effects)
     assert p.responses()[0]["status"] == "cancelled"
+    assert p.responses()[0]["transcript"] == "w0 "
     assert (p.core.interruptions, p.core.false_interruptions) == (1, 1)
 
 
@@ -403,3 +429,64 @@ def test_twiml_connects_the_call_to_the_stream():
 def test_bad_telephony_settings_are_refused(section):
     with pytest.raises(ValidationError):
         Settings.model_validate({"telephony": section})
+
+
+class Phone:
+    """Twilio and the caller's phone on one simulated clock: what the bridge sends plays in
+    real time (duplex.bench.playout), each mark comes back the moment playback reaches it, and
+    a clear empties the buffer at once and gives back the marks it dropped."""
+
+    def __init__(self, p: TwilioProtocol, peer: Peer) -> None:
+        self.p, self.peer = p, peer
+        self.playout = Playout()
+
+    def carry(self, now: int, effects) -> None:
+        for event in sent(effects):
+            if event["event"] == "media":
+                pcm = ulaw_decode(base64.b64decode(event["media"]["payload"])) / 32768
+                self.playout.push(now, pcm.astype(np.float32), "reply")
+            elif event["event"] == "mark":
+                self.playout.mark(now, event["mark"]["name"])
+            elif event["event"] == "clear":
+                for name in self.playout.clear(now):
+                    self.peer.mark(name)
+
+    def run(self, start: int, end: int, vad: dict[int, list[float]]) -> None:
+        """From `start` to `end`: the session loop's 20 ms ticks, the marks' echoes at their
+        own times, and the speech probabilities `vad` holds for some ticks."""
+        now = start
+        while now < end:
+            for name in self.playout.reached(now):
+                self.peer.mark(name)
+            if now in vad:
+                self.carry(now, self.p.on_vad(vad[now]))
+            self.carry(now, self.p.release_output(now))
+            tick = now - now % FRAME + FRAME
+            echo = self.playout.next_mark()
+            now = echo if echo is not None and now < echo < tick else tick
+
+
+def test_a_cough_over_a_call_stops_what_the_caller_hears_at_the_pause_and_all_of_it_is_heard_once():
+    p, peer = started(output_lead_ms=200, min_interruption_ms=400, resume_gap_ms=200)
+    epoch = in_reply(p, peer)
+    reply = np.sin(np.arange(8000 * 3) * 0.013).astype(np.float32) * 0.5
+    for i in range(0, len(reply), 640):
+        p.on_engine_audio(epoch, reply[i : i + 640], "w ")
+    p.on_engine_finished(epoch)
+    phone = Phone(p, peer)
+    # 1 s into the reply, a cough of one VAD chunk, then quiet: judged false 400 ms on.
+    cough = 8000 + 37
+    phone.run(0, cough, {})
+    heard_at = cough - cough % FRAME + FRAME
+    vad = {heard_at: [SPEECH]} | {t: [QUIET] for t in range(heard_at + FRAME, 16000, 2 * FRAME)}
+    phone.run(cough, 8000 * 5, vad)
+    assert p.core.false_interruptions == 1 and len(phone.playout.clears) == 1
+    # Stopped the moment the speech was heard (not 400 ms later), resumed after the judgement,
+    # and heard whole: every sample once.
+    [cleared] = phone.playout.clears
+    assert cleared == heard_at
+    assert phone.playout.stopped(cough, "reply") == cleared
+    wire = ulaw_decode(float_to_g711(reply, "ulaw")) / 32768
+    assert np.array_equal(phone.playout.heard("reply"), wire.astype(np.float32))
+    [(gap_from, gap_to)] = phone.playout.breaks("reply")
+    assert gap_from == cleared and gap_to > cough + 400 * 8

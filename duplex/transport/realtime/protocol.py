@@ -47,9 +47,11 @@ from duplex.transport.effects import (
     EngineRewind,
     EngineSetDuplex,
     FlushAudio,
+    HoldAudio,
     InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
+    ResumeAudio,
     ScoreTurnEnd,
     Send,
     TurnEnded,
@@ -84,7 +86,8 @@ from duplex.transport.realtime.turns import Turns, detector_for
 
 Effect = (
     Send | EnginePush | EnginePushFrame | EnginePushText | EnginePushImage | EngineCommit
-    | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | CloseConnection
+    | EngineCancel | EngineClearInput | VadFeed | PlayAudio | FlushAudio | HoldAudio
+    | ResumeAudio | CloseConnection
     | ResumeSession | InvalidToolCall | EngineInstruct | Transcribe | EngineSetDuplex
     | InterruptionJudged | EngineMark | EngineRewind | EngineReplay | ListTools | CallTool
     | ScoreTurnEnd | TurnEnded
@@ -96,7 +99,7 @@ class Limits:
     max_message_bytes: int = 1 << 20
     max_input_lead_ms: int = 5000
     """How far appended audio may run ahead of real time before appends are refused."""
-    output_lead_ms: int = 200
+    output_lead_ms: int = 100
     max_errors: int = 100
     """Errors one connection may cause before it is closed (1008) as abusive."""
     mcp_timeout_s: float = 30.0

@@ -17,7 +17,14 @@ from duplex.media.rates import REALTIME_RATE as RATE
 from duplex.session import commands as cmd
 from duplex.session import events as ev
 from duplex.transport.core import MediaClock
-from duplex.transport.effects import EngineCommit, FlushAudio, InvalidToolCall, PlayAudio
+from duplex.transport.effects import (
+    EngineCommit,
+    FlushAudio,
+    HoldAudio,
+    InvalidToolCall,
+    PlayAudio,
+    ResumeAudio,
+)
 from duplex.transport.realtime.conversation import Conversation, Item
 from duplex.transport.realtime.events import ActiveResponse, EventWriter
 from duplex.transport.realtime.mcp import McpTools
@@ -92,6 +99,11 @@ class Replies:
             out += self.clock.cancel_effects(e)
             if isinstance(e, ev.Flush) and self.media_track:
                 out.append(FlushAudio())
+            elif isinstance(e, ev.OutputPaused) and self.media_track:
+                # What the track holds stops too, not only what would come next.
+                out.append(HoldAudio())
+            elif isinstance(e, ev.OutputResumed) and self.media_track:
+                out.append(ResumeAudio())
             elif isinstance(e, ev.TranscriptTruncated):
                 record = self.item_of_core(e.response_id)
                 if record is not None:

@@ -50,9 +50,11 @@ from duplex.transport.effects import (
     EngineReplay,
     EngineRewind,
     FlushAudio,
+    HoldAudio,
     InterruptionJudged,
     InvalidToolCall,
     PlayAudio,
+    ResumeAudio,
 )
 from duplex.transport.inbox import (
     EngineOutput,
@@ -139,7 +141,8 @@ class RealtimeSession(SessionLoop):
         super().__init__(engine, vad, send_text, session_id, protocol)
         protocol.more_waiting = lambda: self.inbox.qsize() > 0
         self.media = media
-        """A media track (WebRTC) with play(start_sample, pcm) and flush(); None for events."""
+        """A media track (WebRTC) with play(start_sample, pcm), hold(), resume() and flush();
+        None for events."""
         self.mcp_timeout_s = limits.mcp_timeout_s
         self._mcp_work: set[asyncio.Task] = set()
         """MCP listings and calls under way; cancelled when the session ends."""
@@ -327,6 +330,10 @@ class RealtimeSession(SessionLoop):
             self.media.play(effect.start_sample, effect.pcm)
         elif isinstance(effect, FlushAudio):
             self.media.flush()
+        elif isinstance(effect, HoldAudio):
+            self.media.hold()
+        elif isinstance(effect, ResumeAudio):
+            self.media.resume()
         elif isinstance(effect, ResumeSession):
             return await self.execute(await self._resume(effect))
         elif isinstance(effect, Transcribe):

@@ -10,10 +10,17 @@ The session clock is the wire's own 8 kHz: one mu-law byte is one sample, so inb
 accounting, output frames (160 samples = 20 ms), marks and the playback watermark are exact
 integer counts with no resampling of the clock itself.
 
-Playback truth comes from Twilio: every output chunk is followed by a `mark`, and Twilio echoes
-it once the audio queued before it has played. Only echoed marks move the watermark, so a
-barge-in keeps exactly the transcript of the chunks the caller heard. Twilio also echoes the
-marks a `clear` dropped; those carry an older epoch in our books and move nothing.
+Playback truth comes from Twilio: every piece of reply audio sent is followed by a `mark`, and
+Twilio echoes it once the audio queued before it has played. Only echoed marks move the
+watermark, so a barge-in keeps exactly the transcript of the audio the caller heard. Twilio also
+echoes the marks a `clear` dropped; those were sent before that clear and move nothing.
+
+Speech over a reply pauses it, and the `clear` goes at once, at the pause: what the phone
+holds stops then, not once the speech has lasted long enough to be judged an interruption. If
+it was not one (a cough), the reply is sent again from where the caller's playback stood when
+the clear went: the last echoed mark, plus the time since its echo came (no further than
+continuous playback of what was sent could reach). Nothing is lost, and what plays while the
+clear is on its way, and while the mark's echo was, is heard twice: the round trip to Twilio.
 
 Native duplex (`Options.duplex`, from the model's duplex.default_mode): the call is one
 always-open reply on the core, and every output frame of the model, silence included, goes to
@@ -26,6 +33,7 @@ import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -99,7 +107,8 @@ class DtmfReceived:
 
 @dataclass(frozen=True)
 class BargedIn:
-    """The caller talked over a reply and it was cut (its audio cleared) now."""
+    """The caller talked over a reply and it was cut now (its audio cleared at the pause, or
+    now if nothing paused it first)."""
 
     onset_sample: int
     """Where the speech began on the session clock."""
@@ -181,8 +190,19 @@ class Reply:
     engine_done: bool = False
 
 
-def mark_name(chunk: ev.OutputChunk) -> str:
-    return f"duplex.r{chunk.response_id}.e{chunk.epoch}.s{chunk.seq}"
+@dataclass(frozen=True)
+class SentMark:
+    epoch: int
+    end: int
+    """The output sample the mark follows."""
+    clears: int
+    """Clears sent before it: the echo of a mark sent before the latest clear says nothing of
+    what played (Twilio echoes the marks a clear drops at once)."""
+
+
+def mark_name(chunk: ev.OutputChunk, n: int) -> str:
+    """The `n`th mark of the call, after a piece of `chunk`'s audio."""
+    return f"duplex.r{chunk.response_id}.e{chunk.epoch}.m{n}"
 
 
 class TwilioProtocol:
@@ -201,6 +221,7 @@ class TwilioProtocol:
             model_output_rate=model_output_rate,
             lead_samples=self.options.output_lead_ms * RATE // 1000,
             detector=self.options.detector(),
+            resends=True,
         )
         self.core = self.clock.core
         self.pacer = self.clock.pacer
@@ -215,8 +236,16 @@ class TwilioProtocol:
         self._pending = np.zeros(0, np.float32)
         """Reply audio at 8 kHz short of a whole frame, waiting for more."""
         self._pending_text = ""
-        self.marks: dict[str, tuple[int, int]] = {}
-        """Marks sent and not yet echoed: name -> (epoch, output sample the mark follows)."""
+        self.marks: dict[str, SentMark] = {}
+        """Marks sent and not yet echoed, by name."""
+        self.marks_sent = 0
+        self.clears = 0
+        self._echoed_at: int | None = None
+        """Clock sample at which the latest echo that moved the watermark came."""
+        self._echo_untimed = False
+        """An echo moved the watermark since the last release_output: it came at its `now`."""
+        self._resend = False
+        """A clear went at a pause: the next release_output resends from where playback was."""
         self.rejected: dict[str, int] = {}
         self.digits: list[str] = []
         self.closed = False
@@ -363,10 +392,13 @@ class TwilioProtocol:
         if sent is None:
             self._reject(out, "unknown_mark", f"mark {msg.mark.name!r} was never sent or already echoed")
             return
-        epoch, end = sent
-        # A mark of an older epoch comes back because a clear dropped its audio: unheard.
-        if epoch == self.core.epoch:
-            self.core.handle(cmd.PlaybackAcknowledged(end))
+        # A mark sent before the latest clear may come back because the clear dropped it:
+        # unheard, as far as anyone can tell.
+        if (sent.epoch == self.core.epoch and sent.clears == self.clears
+                and sent.end > self.core.played_samples):
+            self.core.handle(cmd.PlaybackAcknowledged(sent.end))
+            self.pacer.heard(self.core.played_samples)
+            self._echo_untimed = True
 
     def _on_stop(self, msg: schema.Stop, out: list[Effect]) -> None:
         if self.stream is not None:
@@ -436,6 +468,8 @@ class TwilioProtocol:
         for e in events:
             if isinstance(e, ev.OutputPaused):
                 out.append(Notice(f"response {e.response_id} paused: speech at sample {e.onset}"))
+                # The phone stops now; if the reply resumes, it goes on from what was heard.
+                self._resend = self._clear(out)
             elif isinstance(e, ev.InterruptionConfirmed):
                 out.append(InterruptionJudged(True))
                 out.append(Notice(f"interruption confirmed: speech from sample {e.onset}"))
@@ -448,8 +482,17 @@ class TwilioProtocol:
                 self.clock.forget_speech()
         self._apply_core_events(out, events)
         if barged is not None:
-            # Timed from the speech's onset to the clear just sent.
+            # Timed from the speech's onset to the cut (the phone was cleared at the pause).
             out.append(barged)
+
+    def _clear(self, out: list[Effect]) -> bool:
+        """Empty Twilio's buffer if it may hold reply audio (a mark not yet echoed since the
+        last clear); True if a clear went."""
+        if not any(m.clears == self.clears for m in self.marks.values()):
+            return False
+        self.clears += 1
+        out.append(Send({"event": "clear", "streamSid": self.stream.streamSid}))
+        return True
 
     def _start_reply(self, out: list[Effect], commit: bool = True) -> None:
         events = self.core.handle(cmd.StartResponse())
@@ -467,7 +510,7 @@ class TwilioProtocol:
             if isinstance(e, ev.Flush):
                 self._pending = self._pending[:0]
                 self._pending_text = ""
-                out.append(Send({"event": "clear", "streamSid": self.stream.streamSid}))
+                self._clear(out)
             elif isinstance(e, ev.ResponseCancelled):
                 out.append(Notice(f"response {e.response_id} cancelled ({e.reason}): "
                                   f"heard {e.heard_samples} samples"))
@@ -545,11 +588,16 @@ class TwilioProtocol:
                 self.pacer.push(e, float_to_g711(data[:n], "ulaw"))
 
     def release_output(self, now: int) -> list[Effect]:
-        """Send the reply audio due at clock sample `now` (at most output_lead ahead), each
-        chunk as 20 ms media messages followed by its mark."""
+        """Send the reply audio due at clock sample `now` (at most output_lead ahead, in whole
+        frames), each piece as 20 ms media messages followed by its mark."""
         out: list[Effect] = []
         if self.closed:
             return out
+        if self._echo_untimed:
+            self._echo_untimed, self._echoed_at = False, now
+        if self._resend:
+            self._resend = False
+            self.pacer.resend_from(self._playing_at(now))
         for chunk, payload in self.clock.due(now):
             self._send_chunk(out, chunk, payload)
         r = self.reply
@@ -561,14 +609,26 @@ class TwilioProtocol:
             self.reply = None
         return out
 
+    def _playing_at(self, now: int) -> int:
+        """The output sample the caller's phone is playing at `now`, as the marks tell it:
+        the watermark, advanced by the time since its echo came, but no further than
+        continuous playback of what was sent could reach."""
+        heard = self.core.played_samples
+        if self._echoed_at is None:
+            return heard
+        return max(heard, min(heard + now - self._echoed_at, self.pacer.played(now)))
+
     def _send_chunk(self, out: list[Effect], chunk: ev.OutputChunk, payload: bytes) -> None:
         self.clock.guard.played(chunk.start_sample, g711_to_float(payload, "ulaw"))
         sid = self.stream.streamSid
-        for i in range(0, len(payload), FRAME):
+        # Frames on the output clock's 20 ms grid; a resend from mid-frame starts with a short one.
+        cuts = [0, *range(-chunk.start_sample % FRAME or FRAME, len(payload), FRAME), len(payload)]
+        for a, b in pairwise(cuts):
             out.append(Send({"event": "media", "streamSid": sid,
-                             "media": {"payload": base64.b64encode(payload[i : i + FRAME]).decode()}}))
-        name = mark_name(chunk)
-        self.marks[name] = (chunk.epoch, chunk.start_sample + chunk.n_samples)
+                             "media": {"payload": base64.b64encode(payload[a:b]).decode()}}))
+        name = mark_name(chunk, self.marks_sent)
+        self.marks_sent += 1
+        self.marks[name] = SentMark(chunk.epoch, chunk.start_sample + chunk.n_samples, self.clears)
         out.append(Send({"event": "mark", "streamSid": sid, "mark": {"name": name}}))
 
     # -- a sideband's requests ----------------------------------------------------------------

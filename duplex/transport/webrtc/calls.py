@@ -163,6 +163,13 @@ class CallRegistry:
             self._leave(seat)
         return response
 
+    async def open_call(self, sdp: str, session_config: dict | None = None, *,
+                        duplex_events: bool = False) -> Response:
+        """A call from an SDP offer, as the endpoint opens one but outside any key's limits:
+        for peers in this process (the bench's listeners)."""
+        return await self._create(sdp, session_config, None, None, duplex_events,
+                                  Principal("anonymous"))
+
     @staticmethod
     async def _read_form(request: Request) -> tuple[str, dict | None] | Response:
         """The offer and session config of a multipart request, or the error that answers it."""

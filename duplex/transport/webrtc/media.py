@@ -7,13 +7,14 @@ import fractions
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import av
 import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from duplex.media import Resampler
+from duplex.media.fir import FirResampler
 from duplex.media.rates import REALTIME_RATE
 
 log = logging.getLogger("duplex.webrtc")
@@ -24,31 +25,47 @@ FRAME_24K = int(RATE * FRAME_S)
 
 
 class ReplyTrack(MediaStreamTrack):
-    """Reply audio, paced by its own 20 ms clock. The positions it has played are the playback
-    watermark: `on_played(output_sample)` hears them. `flush()` drops every queued frame."""
+    """Reply audio, paced by its own 20 ms clock (`clock`: seconds, monotonic). The positions it
+    has played are the playback watermark: `on_played(output_sample)` hears them. `hold()`
+    plays silence from the next frame on and keeps what is queued, `resume()` plays it on from
+    there, `flush()` drops every queued frame."""
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
+        self._clock = clock
         self._chunks: deque[tuple[int, np.ndarray]] = deque()
-        self._to_48k = Resampler(RATE, TRACK_RATE)
-        self._resampled = np.zeros(0, np.float32)
-        """The resampler's output runs a little behind its input; it waits here for its frame."""
+        # A FIR of 1.3 ms delay: soxr's HQ stream holds back 20-40 ms, all of which would go
+        # on playing after a hold.
+        self._to_48k = FirResampler(RATE, TRACK_RATE)
+        self._resampled = np.zeros(self._to_48k.lookahead, np.float32)
+        """The resampler's output, a frame's worth behind its input and waiting for its frame:
+        it starts as silence as long as the filter holds back, so every frame is whole."""
         self._start: float | None = None
         self._pts = 0
         self.on_played = None
         self.played_sample = 0
+        self.held = False
 
     def play(self, start_sample: int, pcm: np.ndarray) -> None:
         self._chunks.append((start_sample, np.asarray(pcm, np.float32)))
 
+    def hold(self) -> None:
+        self.held = True
+
+    def resume(self) -> None:
+        self.held = False
+
     def flush(self) -> None:
         self._chunks.clear()
         self._resampled = self._resampled[:0]
+        self.held = False
 
     def _take(self, n: int) -> np.ndarray:
         out = np.zeros(n, np.float32)
+        if self.held:
+            return out
         filled = 0
         while filled < n and self._chunks:
             start, pcm = self._chunks[0]
@@ -66,9 +83,9 @@ class ReplyTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
-            self._start = time.monotonic()
+            self._start = self._clock()
         due = self._start + self._pts / TRACK_RATE
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await asyncio.sleep(max(0.0, due - self._clock()))
         pcm = self._take(FRAME_24K)
         if self.on_played is not None:
             self.on_played(self.played_sample)
