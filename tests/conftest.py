@@ -1,3 +1,4 @@
+import os
 import re
 import socket
 import subprocess
@@ -7,9 +8,26 @@ import threading
 import httpx
 import pytest
 
+from tests.builds import built_once
 from tests.waiting import until
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Workers outnumber the cores: a torch pool of a thread per core in each would only
+        # make them wait on each other's threads.
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("cpu_bound"):
+            item.add_marker(pytest.mark.xdist_group("cpu-bound"))
 
 
 def free_port() -> int:
@@ -91,7 +109,7 @@ def tiny_omni_dir(tmp_path_factory):
     """The tiny Qwen3-Omni checkpoint, built once per run the way `duplex models build` does."""
     from models.registry import build_tiny
 
-    return build_tiny("tiny-omni", tmp_path_factory.mktemp("models"))
+    return built_once(tmp_path_factory, "tiny-omni", lambda folder: build_tiny("tiny-omni", folder))
 
 
 class RedisServer:
@@ -142,7 +160,8 @@ def redis_server(tmp_path):
 def tiny_moshi_dir(tmp_path_factory):
     from models.registry import build_tiny
 
-    return build_tiny("tiny-moshi", tmp_path_factory.mktemp("models"))
+    return built_once(tmp_path_factory, "tiny-moshi",
+                      lambda folder: build_tiny("tiny-moshi", folder))
 
 
 class McpServers:
