@@ -41,10 +41,11 @@ serve: $(VENV)/.runtime
 
 # pytest-xdist workers. Most of the suite's time is tests waiting on real time (audio played at
 # its pace, peers, a browser), so more workers than cores keep the cores busy. Tests marked
-# cpu_bound run one at a time on one worker (loadgroup), leaving the timing-sensitive ones a
-# core; a fixture that builds something costly builds it once for all (tests/builds.py).
+# cpu_bound run one at a time, leaving the timing-sensitive ones a core; a fixture that builds
+# something costly builds it once for all workers (tests/builds.py). worksteal: an idle worker
+# takes tests queued on a busy one, so no worker is left with a tail of long tests.
 TEST_WORKERS ?= 4
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
 test: $(VENV)/.test system-deps
 	$(VENV)/bin/duplex models build smart-turn --if-missing
