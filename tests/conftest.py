@@ -27,11 +27,13 @@ def pytest_configure(config):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest-timeout's: the wait is no test's
 def pytest_runtest_protocol(item, nextitem):
-    """Tests marked cpu_bound run one at a time across the xdist workers, so the tests on the
-    others that wait on real time (and measure it) keep a core. The lock is in the folder the
-    run's workers share (their --basetemp's parent), and is held from the test's setup (its
-    module's fixtures included) to its teardown."""
-    if item.get_closest_marker("cpu_bound") is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+    """Tests marked cpu_bound or timing run one at a time across the xdist workers: a test that
+    times what a listener hears never has a cpu_bound one beside it, and cpu_bound ones take
+    one core at most. The lock is in the folder the run's workers share (their --basetemp's
+    parent), and is held from the test's setup (its module's fixtures included) to its
+    teardown."""
+    exclusive = any(item.get_closest_marker(name) for name in ("cpu_bound", "timing"))
+    if not exclusive or not os.environ.get("PYTEST_XDIST_WORKER"):
         return (yield)
     with FileLock(Path(item.config.option.basetemp).parent / "cpu-bound.lock"):
         return (yield)

@@ -53,6 +53,7 @@ class SpeakerphonePeer(Peer):
             self.media(mulaw(signal[i : i + FRAME] + echo))
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_a_speakerphone_call_hears_whole_replies_pauses_for_a_burst_and_is_cut_by_speech(
         server_process):
