@@ -39,14 +39,22 @@ serve: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build smart-turn --if-missing
 	$(VENV)/bin/duplex serve
 
+# pytest-xdist workers. Most of the suite's time is tests waiting on real time (audio played at
+# its pace, peers, a browser), so more workers than cores keep the cores busy. Tests marked
+# cpu_bound run one at a time, leaving the timing-sensitive ones a core; a fixture that builds
+# something costly builds it once for all workers (tests/builds.py). worksteal: an idle worker
+# takes tests queued on a busy one, so no worker is left with a tail of long tests.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
+
 test: $(VENV)/.test system-deps
 	$(VENV)/bin/duplex models build smart-turn --if-missing
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 # The inner loop: everything but the tests marked slow (real servers, browsers, clients).
 test-fast: $(VENV)/.test system-deps
 	$(VENV)/bin/duplex models build smart-turn --if-missing
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 bench: $(VENV)/.runtime
 	$(VENV)/bin/duplex models build tiny-omni --if-missing

@@ -1,15 +1,42 @@
+import os
 import re
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
+from filelock import FileLock
 
+from tests.builds import built_once
 from tests.waiting import until
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Workers outnumber the cores: a torch pool of a thread per core in each would only
+        # make them wait on each other's threads.
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest-timeout's: the wait is no test's
+def pytest_runtest_protocol(item, nextitem):
+    """Tests marked cpu_bound or timing run one at a time across the xdist workers: a test that
+    times what a listener hears never has a cpu_bound one beside it, and cpu_bound ones take
+    one core at most. The lock is in the folder the run's workers share (their --basetemp's
+    parent), and is held from the test's setup (its module's fixtures included) to its
+    teardown."""
+    exclusive = any(item.get_closest_marker(name) for name in ("cpu_bound", "timing"))
+    if not exclusive or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return (yield)
+    with FileLock(Path(item.config.option.basetemp).parent / "cpu-bound.lock"):
+        return (yield)
 
 
 def free_port() -> int:
@@ -91,7 +118,7 @@ def tiny_omni_dir(tmp_path_factory):
     """The tiny Qwen3-Omni checkpoint, built once per run the way `duplex models build` does."""
     from models.registry import build_tiny
 
-    return build_tiny("tiny-omni", tmp_path_factory.mktemp("models"))
+    return built_once(tmp_path_factory, "tiny-omni", lambda folder: build_tiny("tiny-omni", folder))
 
 
 class RedisServer:
@@ -102,22 +129,36 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tmp_dir
         self.proc: subprocess.Popen | None = None
+        self.started = False
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        until(self._pong, "redis-server answers PING")
+        """Started on its port; the first start moves to another port where the one the OS
+        gave went to another process (another xdist worker's server) before redis bound it.
+        A restart keeps its port, as a restarted redis keeps its address."""
+        for _ in range(5):
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.dir)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            until(lambda: self.proc.poll() is not None or self._answers(),
+                  "redis-server answers or exits")
+            if self.proc.poll() is None or self.started:
+                break
+            self.port = free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        assert self.proc.poll() is None, f"redis-server exited {self.proc.returncode}"
+        self.started = True
 
-    def _pong(self) -> bool:
+    def _answers(self) -> bool:
+        """This process's redis answers (not another one holding the port)."""
+        import redis
+
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
+            with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+                return client.info("server")["process_id"] == self.proc.pid
+        except redis.RedisError:
             return False
 
     def stop(self) -> None:
@@ -142,7 +183,8 @@ def redis_server(tmp_path):
 def tiny_moshi_dir(tmp_path_factory):
     from models.registry import build_tiny
 
-    return build_tiny("tiny-moshi", tmp_path_factory.mktemp("models"))
+    return built_once(tmp_path_factory, "tiny-moshi",
+                      lambda folder: build_tiny("tiny-moshi", folder))
 
 
 class McpServers:

@@ -21,10 +21,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from packaging.requirements import Requirement
 
 from duplex.gpucheck.host import IMAGE, NOT_IN_IMAGE, TRANSPORT_ONLY, carried, wheel_dir
 from duplex.gpucheck.wheels import RECORD, WheelsError, check_size, download
+from tests.builds import built_once
+
+pytestmark = pytest.mark.cpu_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -34,6 +38,13 @@ IMAGE_WHEELS = ("transformers==5.17.0", "huggingface-hub==1.33.0")
 SMALL = ("--set", "batches=2", "--set", "repeats=1", "--set", "reply_steps=2",
          "--set", "bench_max_sessions=1", "--set", "bench_duration_s=4")
 """The CPU profile cut further: the test proves the check runs, the figures are a GPU's."""
+
+
+def artifacts_lock() -> FileLock:
+    """test-artifacts is the checkout's, shared by every pytest process running in it."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return FileLock(ARTIFACTS / ".lock")
+
 
 def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", requirement).lower()
@@ -73,16 +84,22 @@ def _image_closure(wheels: dict[str, list[str]]) -> set[str]:
     return seen
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def host_python(tmp_path_factory) -> Path:
+    """The host's python3; its venv (a minute of CPU) built once for the run's workers."""
+    return built_once(tmp_path_factory, "host", build_host)
+
+
+def build_host(folder: Path) -> Path:
     image_wheels = ARTIFACTS / "host-image"
-    if len(list(image_wheels.glob("*.whl"))) != len(IMAGE_WHEELS):
-        shutil.rmtree(image_wheels, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--only-binary=:all:", "--dest", str(image_wheels), *IMAGE_WHEELS],
-                       check=True)
+    with artifacts_lock():
+        if len(list(image_wheels.glob("*.whl"))) != len(IMAGE_WHEELS):
+            shutil.rmtree(image_wheels, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--only-binary=:all:", "--dest", str(image_wheels), *IMAGE_WHEELS],
+                           check=True)
     provided = dict(_wheel_requires(w) for w in image_wheels.glob("*.whl"))
-    venv = tmp_path_factory.mktemp("host") / "venv"
+    venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
     for name in sorted(_image_closure(provided) - set(provided)):
@@ -104,7 +121,8 @@ def host_python(tmp_path_factory) -> Path:
 def wheels() -> Path:
     """What `make gpu-wheels GPU_PYTHON=<this CPython>` downloads (once; reused after)."""
     dest = ARTIFACTS / "gpu-wheels"
-    download(PYTHON, dest, log=lambda line: None)
+    with artifacts_lock():
+        download(PYTHON, dest, log=lambda line: None)
     return dest
 
 

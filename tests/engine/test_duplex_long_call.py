@@ -10,6 +10,8 @@ from models.echo import EchoModel
 from models.moshi.adapter import MoshiAdapter
 from models.moshi.tiny import tiny_long_call_moshi
 
+pytestmark = pytest.mark.cpu_bound
+
 
 @pytest.fixture
 def one_thread():

@@ -10,6 +10,8 @@ from duplex.engine.vad import SileroVAD, VadStream
 from duplex.media.echo import EchoGuard
 from tests.transcription.fixtures import TEXTS, have_espeak, speak
 
+pytestmark = pytest.mark.cpu_bound
+
 RATE = 24000
 FRAME = RATE // 50
 LEAD = RATE // 5

@@ -28,7 +28,7 @@ from models.qwen3_omni.graphs import (
     residual_graphs,
 )
 from models.qwen3_omni.options import NOISE_MAX, Stream, counters, filtered, uniform32
-from models.qwen3_omni.tiny import build_tiny, load_preprocessor
+from models.qwen3_omni.tiny import load_preprocessor
 
 ARGMAX = Sampling(0.0)
 GREEDY = Qwen3OmniOptions(
@@ -38,8 +38,8 @@ GREEDY = Qwen3OmniOptions(
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny(tmp_path_factory.mktemp("tiny-omni"))
+def checkpoint(tiny_omni_dir):
+    return tiny_omni_dir
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,21 @@ import torch
 
 from models.base import ModelState
 from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
-from models.qwen3_omni.tiny import build_tiny
 from models.reply import ReplySpec, Truncation
+
+pytestmark = pytest.mark.cpu_bound
 
 TURN_S = 30
 OPTIONS = Qwen3OmniOptions(max_context=1024, max_text_tokens=2, system_prompt="be brief")
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory):
+def adapter(tiny_omni_dir):
     # One thread: on a loaded machine torch's thread pool spends most of a small forward
     # waiting for its other threads.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield Qwen3OmniAdapter.from_pretrained(build_tiny(tmp_path_factory.mktemp("tiny-omni")),
-                                           options=OPTIONS)
+    yield Qwen3OmniAdapter.from_pretrained(tiny_omni_dir, options=OPTIONS)
     torch.set_num_threads(threads)
 
 

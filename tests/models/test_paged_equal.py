@@ -14,6 +14,8 @@ from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
 from models.qwen3_omni.tiny import load_preprocessor
 from models.reply import ReplySpec
 
+pytestmark = pytest.mark.cpu_bound
+
 OPTIONS = Qwen3OmniOptions(min_text_tokens=4, max_text_tokens=8, min_frames=3, max_frames=6,
                            max_context=160, talker_context=64)
 VOICED, TEXT = ReplySpec(temperature=0.0), ReplySpec(audio=False, temperature=0.0)

@@ -15,14 +15,16 @@ from models.qwen3_omni.adapter import (
     Sampling,
     SlotOwnershipError,
 )
-from models.qwen3_omni.tiny import build_tiny, load, load_preprocessor, tiny_model
+from models.qwen3_omni.tiny import load, load_preprocessor, tiny_model
+
+pytestmark = pytest.mark.cpu_bound
 
 OPTIONS = Qwen3OmniOptions(min_text_tokens=4, max_text_tokens=8, min_frames=6, max_frames=10)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny(tmp_path_factory.mktemp("tiny-omni"))
+def checkpoint(tiny_omni_dir):
+    return tiny_omni_dir
 
 
 @pytest.fixture(scope="module")

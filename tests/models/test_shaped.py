@@ -104,6 +104,7 @@ def test_layers_below_one_are_refused(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.cpu_bound
 @pytest.mark.slow
 def test_a_one_layer_checkpoint_loads_and_replies(tmp_path, capsys):
     path = tmp_path / "shaped"

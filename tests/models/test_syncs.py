@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.qwen3_omni.adapter import Qwen3OmniAdapter, Qwen3OmniOptions
-from models.qwen3_omni.tiny import build_tiny, load_preprocessor
+from models.qwen3_omni.tiny import load_preprocessor
 from models.syncs import SyncCounter, fetch, on_host, upload
 
 BATCH = 8
@@ -46,10 +46,9 @@ def test_host_work_that_names_the_cpu_is_declared():
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
+def loaded(tiny_omni_dir):
     options = Qwen3OmniOptions(min_text_tokens=2, max_text_tokens=6, min_frames=2, max_frames=5)
-    path = build_tiny(tmp_path_factory.mktemp("tiny-omni"))
-    return Qwen3OmniAdapter.from_pretrained(path, options=options), path
+    return Qwen3OmniAdapter.from_pretrained(tiny_omni_dir, options=options), tiny_omni_dir
 
 
 @pytest.fixture(params=["eager", "static"])

@@ -22,6 +22,8 @@ from models.qwen3_omni.tiny import load_options
 from models.reply import ReplySpec
 from models.tool_forcing import OPEN, CallForcing, forced_names
 
+pytestmark = pytest.mark.cpu_bound
+
 TOOLS = tuple({"type": "function", "name": name, "parameters": {"type": "object"}}
               for name in ("get_weather", "get_time"))
 NAMED = {"type": "function", "name": "get_weather"}

@@ -43,6 +43,7 @@ def turn_end(model: SmartTurn, audio: np.ndarray, probs: list[float]) -> tuple[s
     return "none", False
 
 
+@pytest.mark.cpu_bound
 @pytest.mark.slow
 def test_finished_sentences_end_at_the_pause_and_paused_ones_mostly_wait(smart_turn_path):
     model = SmartTurn(smart_turn_path)

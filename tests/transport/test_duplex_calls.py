@@ -61,6 +61,7 @@ async def test_a_duplex_call_streams_every_frame_and_echoes_the_caller_a_frame_l
     assert 0.06 <= first_back - first_sent < 0.5, first_back - first_sent
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_a_webrtc_call_in_duplex_hears_itself_while_speaking_and_nothing_interrupts(
         server_process, tmp_path):

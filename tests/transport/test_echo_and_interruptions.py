@@ -57,6 +57,7 @@ async def conversation(url: str, delay_ms: int, gain_db: float, noise_reduction,
             "t_done2": t_done2, "onset": onset}
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_speakerphone_echo_never_interrupts_a_burst_pauses_and_speech_cuts(server_process):
     if not have_espeak():

@@ -62,6 +62,7 @@ class SpeakerphonePeer(Peer):
             self.captured += FRAME
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_a_speakerphone_call_hears_whole_replies_through_a_burst_and_is_cut_by_speech(
         server_process):
