@@ -106,8 +106,7 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import json
-
+    from duplex.bench import show
     from duplex.bench.run import bench, table
 
     settings = load_settings(args.config)
@@ -145,17 +144,12 @@ def _bench(args: argparse.Namespace) -> int:
         kv_sessions=args.kv_sessions,
         rounds=args.rounds,
     )
-    print(table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}")
+    show(table(report), report, args.json)
     return 0
 
 
 def _bench_turns(args: argparse.Namespace, settings, model: str) -> int:
-    import json
-
+    from duplex.bench import show
     from duplex.bench.turns import bench_turns, table
 
     report = bench_turns(
@@ -167,11 +161,7 @@ def _bench_turns(args: argparse.Namespace, settings, model: str) -> int:
         in_process=not settings.engine.process, dtype=args.dtype or settings.model.dtype,
         seed=args.seed, turn_threads=settings.turns.threads,
     )
-    print(table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}")
+    show(table(report), report, args.json)
     return 0
 
 

@@ -260,8 +260,9 @@ def long_call(model: DuplexModel, steps: int, samples: int = 20, seed: int = 0) 
 
 def run_cli(args, settings, model_name: str) -> int:
     """`duplex bench --mode duplex ...` as the CLI parsed it; prints the table (and JSON)."""
-    import json
     import sys
+
+    from duplex.bench import show
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -272,9 +273,9 @@ def run_cli(args, settings, model_name: str) -> int:
 
         set_torch_threads(settings.engine.torch_threads)
         report = long_call(load_model(model_name, settings.model.cache_dir), args.long_call)
-        print(f"long call: {report['steps']} steps ({report['call_minutes']} min of audio) in "
-              f"{report['wall_s']} s; bytes held max {report['bytes_max']}, last "
-              f"{report['bytes_last']}; freed on close: {report['freed']}")
+        text = (f"long call: {report['steps']} steps ({report['call_minutes']} min of audio) in "
+                f"{report['wall_s']} s; bytes held max {report['bytes_max']}, last "
+                f"{report['bytes_last']}; freed on close: {report['freed']}")
     else:
         report = bench(model_name, settings.model.cache_dir, sessions=args.sessions,
                        duration_s=args.duration, baseline=args.baseline == "per-session",
@@ -283,9 +284,6 @@ def run_cli(args, settings, model_name: str) -> int:
                        max_lag_ms=settings.duplex.max_lag_ms,
                        in_process=not settings.engine.process,
                        pin_cpus=settings.engine.pin_cpus)
-        print(table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}")
+        text = table(report)
+    show(text, report, args.json)
     return 0

@@ -283,8 +283,9 @@ def table(report: dict) -> str:
 
 def run_cli(args, settings, model_name: str) -> int:
     """`duplex bench --listener ...` as the CLI parsed it; prints the table (and JSON)."""
-    import json
     import sys
+
+    from duplex.bench import show
 
     transports = tuple(t.strip() for t in args.transports.split(",") if t.strip())
     unknown = [t for t in transports if t not in TRANSPORTS]
@@ -293,9 +294,5 @@ def run_cli(args, settings, model_name: str) -> int:
         return 2
     report = bench(model_name, settings, args.sessions, args.duration, transports, args.seed,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
-    print(table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}")
+    show(table(report), report, args.json)
     return 0
