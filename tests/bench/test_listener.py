@@ -34,6 +34,7 @@ def test_a_barge_in_stops_where_playback_of_what_was_sent_before_the_pause_ended
     assert judge(peer, Barge("speech", 8000, "r")) is None
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_listener_bench_talks_over_replies_on_every_transport_and_judges_what_was_heard():
     settings = load_settings(None, cli={"engine": {"process": False}})

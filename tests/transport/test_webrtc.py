@@ -139,6 +139,7 @@ def best_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(corr / np.maximum(energy, 1e-9)))
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_echo_over_webrtc_a_cough_pauses_the_track_and_it_resumes_whole_then_barge_in(
         server_process):
